@@ -1,0 +1,63 @@
+"""Token-level chat transcripts: the prompt, then policy replies and environment turns as ids.
+
+A multi-turn episode is built by appending ids and never by re-tokenising decoded text: the
+policy's sampled ids are kept exactly, and each environment turn is appended as the ids of the
+chat-template text that follows the assistant's reply. That text is found once per tokenizer by
+rendering a probe conversation with and without the new messages (the rendered prefix must not
+change, which holds for ChatML-style templates such as Qwen's).
+"""
+
+from __future__ import annotations
+
+_MARK = "\u2063ARTMLX-REPLY\u2063"
+_PROBE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
+
+
+class ChatFormat:
+    """Turns chat messages into token ids for a tokenizer with a chat template."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+        rendered = self._render(_PROBE, add_generation_prompt=False)
+        if _MARK not in rendered:
+            raise ValueError("the chat template drops assistant content; artmlx needs it to build transcripts")
+        self._probe_text = rendered
+        self._reply_tail = rendered[rendered.rindex(_MARK) + len(_MARK) :]
+        self._eos_text = {i: tokenizer.decode([i]) for i in self.eos_token_ids}
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Ids of the opening messages followed by the assistant generation prompt."""
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def continuation_ids(self, new_messages: list[dict], last_reply_token: int | None) -> list[int]:
+        """Ids that close the assistant's reply and open the next assistant turn after `new_messages`.
+
+        If the reply ended with an end-of-turn token, the part of the template's closing text that
+        token already wrote is not repeated; a reply cut off at the token limit gets it all.
+        """
+        rendered = self._render(_PROBE + list(new_messages), add_generation_prompt=True)
+        if not rendered.startswith(self._probe_text):
+            raise ValueError(
+                "the chat template re-renders earlier turns when a message is added; "
+                "artmlx cannot extend such transcripts token by token"
+            )
+        tail = self._reply_tail
+        eos_text = self._eos_text.get(last_reply_token) if last_reply_token is not None else None
+        if eos_text and tail.startswith(eos_text):
+            tail = tail[len(eos_text) :]
+        return self.encode(tail + rendered[len(self._probe_text) :])
+
+    def reply_text(self, reply_ids: list[int]) -> str:
+        """The reply as text for the environment, without a trailing end-of-turn token."""
+        if reply_ids and reply_ids[-1] in self.eos_token_ids:
+            reply_ids = reply_ids[:-1]
+        return self.tokenizer.decode(reply_ids)

@@ -1,0 +1,124 @@
+"""The `artmlx` command. Heavy imports (mlx, mlx-lm) happen inside commands, so `--help` is instant."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _fail(error: Exception) -> None:
+    raise click.ClickException(str(error))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="artmlx")
+def main() -> None:
+    """Reinforcement learning (GRPO) for LLM agents on MLX."""
+
+
+def _load_train_config(config_file, overrides, settings):
+    from .config import load_config, parse_override
+
+    values = dict(overrides)
+    for item in settings:
+        key, value = parse_override(item)
+        values[key] = value
+    return load_config(config_file, values)
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields.")
+@click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder.")
+@click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class.")
+@click.option("--steps", type=int, help="Number of GRPO updates.")
+@click.option("--seed", type=int, help="Run seed.")
+@click.option("--out", help="Run directory (default runs/<date>-<time>).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Override any config field (TOML value syntax); repeatable. `artmlx config` lists fields.")
+def train(config_file, model, env, steps, seed, out, resume, settings):
+    """Train synchronously in one process: rollouts -> GRPO update -> eval."""
+    try:
+        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
+                                                  "out": out}, settings)
+        if resume and not config.out:
+            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
+        from .train import train as run_training
+
+        run_dir = run_training(config, resume=resume)
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")
+
+
+@main.command(name="config")
+def show_config():
+    """List every config field with its default and meaning."""
+    import dataclasses
+
+    from .config import TrainConfig, field_docs
+
+    docs = field_docs()
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        click.echo(f"{f.name} = {default!r}\n    {docs.get(f.name, '')}")
+
+
+@main.command(name="eval")
+@click.option("--adapters", type=click.Path(file_okay=False), help="Adapter folder (mlx-lm format); omit for the base.")
+@click.option("--model", help="Base model; defaults to the one recorded with the adapters, else tiny.")
+@click.option("--env", help="Environment; defaults to the run's (config.toml next to the adapters), else tictactoe.")
+@click.option("--env-arg", "env_args", multiple=True, metavar="KEY=VALUE", help="Environment option (TOML value).")
+@click.option("--episodes", type=int, default=200, show_default=True, help="Held-out episodes.")
+@click.option("--temperature", type=float, help="Sampling temperature (default: the run's, else 1.0).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def eval_command(adapters, model, env, env_args, episodes, temperature, seed, as_json):
+    """Evaluate adapters on held-out seeds; prints the score with a 95% confidence interval."""
+    try:
+        from .evaluate_cli import run_eval
+
+        result = run_eval(adapters, model, env, env_args, episodes, temperature, seed)
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{result['env']} on {result['model']}: score {result['eval_score']:.3f} "
+               f"(95% CI {result['eval_score_ci_low']:.3f}-{result['eval_score_ci_high']:.3f}, "
+               f"{result['eval_episodes']} episodes)")
+    for key, value in result.items():
+        if key.endswith("_rate"):
+            click.echo(f"  {key[5:-5]:<12} {value:.3f}")
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--out", type=click.Path(dir_okay=False), help="PNG path (default RUN_DIR/plot.png).")
+def plot(run_dirs, out):
+    """Plot reward and eval score of one or more runs (several runs share one figure)."""
+    from .plot import plot_runs
+
+    try:
+        path = plot_runs([Path(d) for d in run_dirs], Path(out) if out else None)
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    click.echo(str(path))
+
+
+@main.command(name="model-path")
+@click.argument("name", default="tiny")
+def model_path(name):
+    """Print the folder of the embedded model (`tiny`), writing it on first use."""
+    from .model.tiny import TINY_NAME, tiny_model_path
+
+    if name != TINY_NAME:
+        _fail(ValueError(f"only the embedded model has a local folder here; got {name!r}"))
+    click.echo(str(tiny_model_path()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Run configuration: one dataclass, read from TOML, overridden from the command line.
+
+Every field has a docstring (the text after it). `load_config(path, overrides)` builds a
+`TrainConfig`, checks every value and raises `ValueError` naming the field and what to change.
+The resolved config is written into each run directory as `config.toml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    model: str = "tiny"
+    """Base model: `tiny` (the embedded model), a Hugging Face id or a local mlx-lm folder."""
+    env: str = "tictactoe"
+    """Environment: a built-in name (`tictactoe`, `arithmetic`) or `module:Class`."""
+    env_args: dict = field(default_factory=dict)
+    """Keyword options for the environment's constructor, e.g. `{opponent = "perfect"}`."""
+    seed: int = 0
+    """Seed for task selection, sampling and LoRA initialisation."""
+    steps: int = 40
+    """Number of training updates (each: rollouts, then one GRPO update)."""
+    out: str = ""
+    """Run directory; empty means `runs/<date>-<time>`."""
+
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_scale: float = 20.0
+    """LoRA scale (mlx-lm's `scale`, i.e. alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch input."""
+    lora_layers: int = -1
+    """Number of transformer blocks (from the top) that get adapters; -1 means all."""
+    lora_keys: list = field(default_factory=list)
+    """Module paths inside a block to adapt (e.g. `["self_attn.q_proj"]`); empty means every linear layer."""
+    dora: bool = False
+    """Use DoRA instead of LoRA."""
+
+    groups_per_step: int = 8
+    """Tasks (groups) sampled per update."""
+    group_size: int = 8
+    """Episodes per task, G; advantages compare episodes within a group."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (the learner scales logits by the same value)."""
+    max_reply_tokens: int = 8
+    """Most tokens the policy may generate in one reply."""
+    max_turns: int = 10
+    """Most policy replies per episode; longer episodes end as truncated."""
+    max_episode_tokens: int = 1024
+    """Episodes whose transcript reaches this many tokens end as truncated."""
+
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    adam_betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    objective: str = "ppo"
+    """Token objective: `ppo` (clipped ratio), `cispo` (clipped, stopped IS weight) or `gspo` (sequence ratio)."""
+    eps_low: float = 0.2
+    """Lower clip range: ratios below 1 - eps_low are clipped."""
+    eps_high: float = 0.28
+    """Upper clip range: ratios above 1 + eps_high are clipped (DAPO clip-higher)."""
+    normalization: str = "token_mean"
+    """Loss normalisation: `token_mean` (DAPO), `seq_mean` (GRPO) or `constant` (Dr. GRPO)."""
+    constant_length: int = 64
+    """Tokens per episode assumed by `constant` normalisation."""
+    scale_advantages: bool = False
+    """Divide advantages by the group's reward std (original GRPO); off follows Dr. GRPO."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the frozen base (LoRA off); 0 disables it."""
+    minibatches: int = 1
+    """Optimizer steps per batch of rollouts; above 1, later steps are off-policy and clipping matters."""
+    max_batch_tokens: int = 8192
+    """Padded tokens per micro-batch; gradients of micro-batches are accumulated."""
+    pad_multiple: int = 32
+    """Pad sequence lengths to a multiple of this (fewer distinct shapes)."""
+
+    eval_every: int = 10
+    """Evaluate every this many updates (and before the first and after the last); 0 disables."""
+    eval_episodes: int = 200
+    """Episodes per evaluation, on held-out seeds."""
+    eval_temperature: float = -1.0
+    """Sampling temperature for evaluation; negative means the training temperature."""
+    checkpoint_every: int = 20
+    """Write a full trainer checkpoint every this many updates (and at the end)."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep."""
+
+    def resolved_out(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        import time
+
+        return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+    def resolved_eval_temperature(self) -> float:
+        return self.temperature if self.eval_temperature < 0 else self.eval_temperature
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+CHOICES = {
+    "objective": ("ppo", "cispo", "gspo"),
+    "normalization": ("token_mean", "seq_mean", "constant"),
+}
+POSITIVE = ("steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
+            "learning_rate", "minibatches", "max_batch_tokens", "pad_multiple", "eval_episodes",
+            "checkpoint_every", "keep_checkpoints", "constant_length")
+NON_NEGATIVE = ("temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+                "eval_every", "lora_dropout")
+
+
+def _type_ok(value: Any, annotation: str) -> bool:
+    expected = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list": list}[annotation]
+    if annotation in ("int", "float") and isinstance(value, bool):
+        return False
+    return isinstance(value, expected)
+
+
+def validate(config: TrainConfig) -> TrainConfig:
+    """Check types and ranges; raise ValueError naming the field."""
+    for name, spec in FIELDS.items():
+        value = getattr(config, name)
+        annotation = spec.type if isinstance(spec.type, str) else spec.type.__name__
+        if not _type_ok(value, annotation):
+            raise ValueError(f"config field {name!r} must be {annotation}, got {value!r}")
+        if annotation == "float" and isinstance(value, int):
+            setattr(config, name, float(value))
+    for name in POSITIVE:
+        if getattr(config, name) <= 0:
+            raise ValueError(f"config field {name!r} must be > 0, got {getattr(config, name)!r}")
+    for name in NON_NEGATIVE:
+        if getattr(config, name) < 0:
+            raise ValueError(f"config field {name!r} must be >= 0, got {getattr(config, name)!r}")
+    for name, choices in CHOICES.items():
+        if getattr(config, name) not in choices:
+            raise ValueError(f"config field {name!r} must be one of {choices}, got {getattr(config, name)!r}")
+    if config.group_size < 2:
+        raise ValueError(f"config field 'group_size' must be >= 2 (advantages compare episodes), got {config.group_size}")
+    if config.eps_low >= 1:
+        raise ValueError(f"config field 'eps_low' must be < 1, got {config.eps_low}")
+    if not 0 <= config.lora_dropout < 1:
+        raise ValueError(f"config field 'lora_dropout' must be in [0, 1), got {config.lora_dropout}")
+    if len(config.adam_betas) != 2 or not all(0 <= b < 1 for b in config.adam_betas):
+        raise ValueError(f"config field 'adam_betas' must be two numbers in [0, 1), got {config.adam_betas!r}")
+    if config.minibatches > config.groups_per_step:
+        raise ValueError(f"config field 'minibatches' ({config.minibatches}) cannot exceed groups_per_step ({config.groups_per_step})")
+    if not all(isinstance(k, str) for k in config.lora_keys):
+        raise ValueError(f"config field 'lora_keys' must be a list of strings, got {config.lora_keys!r}")
+    return config
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` with the value in TOML syntax (bare words are strings)."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like key=value")
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if key not in FIELDS:
+        raise ValueError(f"unknown config field {key!r}; fields are: {', '.join(FIELDS)}")
+    return key, parse_value(raw)
+
+
+def parse_value(raw: str) -> Any:
+    """A command-line value in TOML syntax; anything that is not valid TOML is taken as a string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    values: dict[str, Any] = {}
+    if path:
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"config file {path} does not exist")
+        try:
+            values = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"config file {path} is not valid TOML: {error}") from error
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"unknown config field(s) {unknown}; fields are: {', '.join(FIELDS)}")
+    return validate(TrainConfig(**values))
+
+
+def config_to_toml(config: TrainConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(dataclasses.asdict(config))
+
+
+def field_docs() -> dict[str, str]:
+    """Field name -> docstring, read from this module's source (used by `artmlx config`)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    docs, body = {}, tree.body[0].body
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr):
+            docs[node.target.id] = following.value.value
+    return docs
+

@@ -1,0 +1,121 @@
+"""Tic-tac-toe: the agent plays X and moves first against a random or a perfect (minimax) O.
+
+Each user message is the board with every cell written next to its number (`1X 2. 3O 4. ...`);
+at this model size that encoding is learned far faster than a 3x3 grid (shared/NOTES.md). The
+agent replies with a cell number; the first digit 1-9 in its reply is the move. A reply without
+one, or naming an occupied cell, ends the game as `illegal` with the lowest reward.
+
+Rewards (defaults): win 1, draw 0.5, loss 0, illegal -0.5. `score` is 1 for a win or a draw.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+
+from .base import StepResult
+
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+INSTRUCTION = "Play X: reply with an empty cell.\n"
+_MOVE = re.compile(r"[1-9]")
+
+
+def winner(board: str) -> str | None:
+    """'X' or 'O' if that side has three in a row, else None. `board` is 9 chars of 'X', 'O', '.'."""
+    for a, b, c in LINES:
+        if board[a] != "." and board[a] == board[b] == board[c]:
+            return board[a]
+    return None
+
+
+def render(board: str) -> str:
+    return " ".join(f"{i + 1}{cell}" for i, cell in enumerate(board))
+
+
+def parse_move(text: str) -> int | None:
+    """Cell index 0-8 from the first digit 1-9 in `text`, or None."""
+    match = _MOVE.search(text)
+    return int(match.group()) - 1 if match else None
+
+
+def place(board: str, cell: int, mark: str) -> str:
+    return board[:cell] + mark + board[cell + 1 :]
+
+
+@functools.lru_cache(maxsize=None)
+def minimax_value(board: str, to_move: str) -> int:
+    """Game value for X under perfect play: +1 X wins, 0 draw, -1 O wins."""
+    won = winner(board)
+    if won:
+        return 1 if won == "X" else -1
+    if "." not in board:
+        return 0
+    nxt = "O" if to_move == "X" else "X"
+    values = [minimax_value(place(board, c, to_move), nxt) for c, v in enumerate(board) if v == "."]
+    return max(values) if to_move == "X" else min(values)
+
+
+def perfect_moves(board: str, mark: str) -> list[int]:
+    """All optimal moves for `mark` (ties kept, so a perfect opponent still varies its play)."""
+    nxt = "O" if mark == "X" else "X"
+    scored = {c: minimax_value(place(board, c, mark), nxt) for c, v in enumerate(board) if v == "."}
+    best = max(scored.values()) if mark == "X" else min(scored.values())
+    return [c for c, value in scored.items() if value == best]
+
+
+class TicTacToe:
+    """Agent is X, opponent O is `random` or `perfect`; see the module docstring for rewards."""
+
+    name = "tictactoe"
+    outcomes = ("win", "draw", "loss", "illegal")
+
+    def __init__(
+        self,
+        opponent: str = "random",
+        reward_win: float = 1.0,
+        reward_draw: float = 0.5,
+        reward_loss: float = 0.0,
+        reward_illegal: float = -0.5,
+    ):
+        if opponent not in ("random", "perfect"):
+            raise ValueError(f"tictactoe opponent must be 'random' or 'perfect', got {opponent!r}")
+        self.opponent = opponent
+        self.rewards = {"win": reward_win, "draw": reward_draw, "loss": reward_loss, "illegal": reward_illegal}
+        self.board = "." * 9
+        self.rng = random.Random(0)
+        self.done = True
+
+    def reset(self, seed: int) -> list[dict]:
+        self.board = "." * 9
+        self.rng = random.Random(seed)
+        self.done = False
+        return [{"role": "user", "content": INSTRUCTION + render(self.board)}]
+
+    def _opponent_move(self) -> int:
+        if self.opponent == "perfect":
+            return self.rng.choice(perfect_moves(self.board, "O"))
+        return self.rng.choice([c for c, v in enumerate(self.board) if v == "."])
+
+    def _end(self, outcome: str, move: int | None) -> StepResult:
+        self.done = True
+        info = {"outcome": outcome, "score": float(outcome in ("win", "draw")), "move": move}
+        return StepResult([], self.rewards[outcome], True, info)
+
+    def step(self, assistant_text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        move = parse_move(assistant_text)
+        if move is None or self.board[move] != ".":
+            return self._end("illegal", move)
+        self.board = place(self.board, move, "X")
+        if winner(self.board):
+            return self._end("win", move)
+        if "." not in self.board:
+            return self._end("draw", move)
+        self.board = place(self.board, self._opponent_move(), "O")
+        if winner(self.board):
+            return self._end("loss", move)
+        if "." not in self.board:
+            return self._end("draw", move)
+        return StepResult([{"role": "user", "content": render(self.board)}], 0.0, False, {"move": move})

@@ -1,0 +1,77 @@
+"""Full trainer checkpoints, written atomically.
+
+`RUN_DIR/checkpoints/step_000020/` holds the adapters in mlx-lm format, the AdamW state and the
+MLX RNG state (`trainer_state.safetensors`), and `trainer_state.json` (step, policy version and
+any extra state the caller passes, e.g. ids of consumed groups). A checkpoint is written into a
+hidden temporary folder and renamed into place, so a crash never leaves a half-written one; only
+folders named `step_*` count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..model.policy import LoraSpec, save_adapters, set_adapter_weights, ADAPTER_WEIGHTS
+from .trainer import GRPOTrainer
+
+STATE_JSON = "trainer_state.json"
+STATE_ARRAYS = "trainer_state.safetensors"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_model: str,
+                    extra: dict | None = None, keep: int = 2) -> Path:
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{trainer.step:06d}"
+    staging = root / f".tmp_step_{trainer.step:06d}"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_adapters(trainer.model, staging, spec, base_model)
+    arrays = {f"optimizer.{k}": v for k, v in tree_flatten(trainer.optimizer.state)}
+    arrays.update({f"rng.{i}": v for i, v in enumerate(mx.random.state)})
+    mx.save_safetensors(str(staging / STATE_ARRAYS), arrays)
+    state = {"step": trainer.step, "policy_version": trainer.policy_version, "extra": extra or {}}
+    (staging / STATE_JSON).write_text(json.dumps(state, indent=2))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    root = checkpoint_dir(run_dir)
+    if not root.exists():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, trainer: GRPOTrainer) -> dict:
+    """Restore adapters, optimizer, RNG, step and policy version; returns the extra state."""
+    path = Path(path)
+    set_adapter_weights(trainer.model, dict(mx.load(str(path / ADAPTER_WEIGHTS))))
+    arrays = mx.load(str(path / STATE_ARRAYS))
+    optimizer_items = [(k[len("optimizer."):], v) for k, v in arrays.items() if k.startswith("optimizer.")]
+    trainer.optimizer.state = tree_unflatten(optimizer_items)
+    rng = [arrays[f"rng.{i}"] for i in range(len(mx.random.state))]
+    mx.random.state[:] = rng
+    state = json.loads((path / STATE_JSON).read_text())
+    trainer.step = state["step"]
+    trainer.policy_version = state["policy_version"]
+    mx.eval(trainer.model.parameters(), trainer.optimizer.state, mx.random.state)
+    return state.get("extra", {})

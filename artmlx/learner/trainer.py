@@ -1,0 +1,131 @@
+"""One GRPO update over the LoRA parameters: advantages, micro-batched gradients, AdamW.
+
+The frozen (quantized) base gets no gradient: `nn.value_and_grad(model, ...)` differentiates the
+model's trainable parameters only, which after `attach_lora` are the adapters. Gradients of the
+micro-batches of one optimizer step are summed (the loss weights already normalise over the whole
+step), clipped by global norm, and applied; `mx.eval` closes every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+
+from ..config import TrainConfig
+from ..model.policy import lora_disabled
+from ..trajectory import Episode, Group
+from .batching import MicroBatch, make_microbatch, pack_microbatches
+from .grpo import LossSettings, group_advantages, policy_loss, token_logprobs, token_weights
+
+
+@dataclass
+class _StepData:
+    episodes: list[Episode]
+    advantages: np.ndarray
+
+
+class GRPOTrainer:
+    def __init__(self, model: nn.Module, config: TrainConfig):
+        self.model = model
+        self.config = config
+        self.settings = LossSettings(config.objective, config.eps_low, config.eps_high, config.kl_coef)
+        self.optimizer = optim.AdamW(
+            learning_rate=config.learning_rate,
+            betas=list(config.adam_betas),
+            weight_decay=config.weight_decay,
+        )
+        self.optimizer.init(model.trainable_parameters())
+        self.step = 0
+        self.policy_version = 0
+        self._value_and_grad = nn.value_and_grad(model, self._loss)
+
+    def _loss(self, model, batch: MicroBatch, weights: mx.array, base_logp):
+        logits = model(batch.inputs)
+        logp = token_logprobs(logits, batch.targets, self.config.temperature)
+        return policy_loss(logp, batch.behaviour_logprobs, batch.advantages, batch.mask, weights,
+                           self.settings, base_logp)
+
+    def policy_logprobs(self, batch: MicroBatch) -> mx.array:
+        """Current policy's logprobs of the targets (no gradient)."""
+        return token_logprobs(self.model(batch.inputs), batch.targets, self.config.temperature)
+
+    def prepare(self, groups: list[Group]) -> tuple[_StepData, dict]:
+        """Advantages per episode; groups with zero reward variance are dropped and counted."""
+        rewards = mx.array(np.stack([g.rewards for g in groups]))
+        advantages, zero_variance = group_advantages(rewards, self.config.scale_advantages)
+        advantages, zero_variance = np.array(advantages), np.array(zero_variance)
+        episodes, episode_advantages = [], []
+        for g, group in enumerate(groups):
+            if zero_variance[g]:
+                continue
+            episodes += group.episodes
+            episode_advantages += advantages[g].tolist()
+        stats = {
+            "groups": len(groups),
+            "groups_zero_variance": int(zero_variance.sum()),
+            "reward_mean": float(np.asarray(rewards).mean()),
+            "reward_std": float(np.asarray(rewards).std()),
+        }
+        return _StepData(episodes, np.asarray(episode_advantages, np.float32)), stats
+
+    def train_step(self, groups: list[Group]) -> dict:
+        """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
+        data, stats = self.prepare(groups)
+        self.step += 1
+        totals = {"tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped_sum": 0.0,
+                  "mismatch_kl_sum": 0.0, "abs_logratio_sum": 0.0, "kl_base_sum": 0.0, "loss": 0.0}
+        grad_norms = []
+        if data.episodes:
+            parts = np.array_split(np.arange(len(data.episodes)), self.config.minibatches)
+            for part in parts:
+                if len(part):
+                    grad_norms.append(self._optimizer_step(data, part.tolist(), totals))
+            self.policy_version += 1
+        tokens = max(totals["tokens"], 1.0)
+        return {
+            **stats,
+            "episodes_trained": len(data.episodes),
+            "policy_tokens": int(totals["tokens"]),
+            "loss": totals["loss"],
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+            "ratio_mean": totals["ratio_sum"] / tokens,
+            "ratio_max": totals["ratio_max"],
+            "clip_frac": totals["clipped_sum"] / tokens,
+            "mismatch_kl": totals["mismatch_kl_sum"] / tokens,
+            "abs_logratio_mean": totals["abs_logratio_sum"] / tokens,
+            "kl_base": totals["kl_base_sum"] / tokens,
+        }
+
+    def _optimizer_step(self, data: _StepData, indices: list[int], totals: dict) -> float:
+        config = self.config
+        episodes = [data.episodes[i] for i in indices]
+        advantages = data.advantages[indices]
+        policy_tokens = sum(e.policy_tokens for e in episodes)
+        lengths = [len(e.tokens) - 1 for e in episodes]
+        grads = None
+        for micro in pack_microbatches(lengths, config.max_batch_tokens, config.pad_multiple):
+            batch = make_microbatch(episodes, advantages, micro, config.pad_multiple)
+            weights = token_weights(batch.mask, config.normalization, len(episodes), policy_tokens,
+                                    config.constant_length)
+            base_logp = None
+            if config.kl_coef > 0:
+                with lora_disabled(self.model):
+                    base_logp = mx.stop_gradient(self.policy_logprobs(batch))
+            (loss, metrics), micro_grads = self._value_and_grad(self.model, batch, weights, base_logp)
+            grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
+            mx.eval(grads, loss, metrics)
+            totals["loss"] += loss.item()
+            for name, value in metrics.items():
+                if name == "ratio_max":
+                    totals[name] = max(totals[name], value.item())
+                else:
+                    totals[name] += value.item()
+        grads, grad_norm = optim.clip_grad_norm(grads, config.max_grad_norm or float("inf"))
+        self.optimizer.update(self.model, grads)
+        mx.eval(self.model.trainable_parameters(), self.optimizer.state, grad_norm)
+        return grad_norm.item()

@@ -1,0 +1,161 @@
+"""The policy: a frozen (usually 4-bit) base model from mlx-lm with LoRA adapters on top.
+
+Adapters are saved in mlx-lm's own format (`adapters.safetensors` + `adapter_config.json`), so
+`mlx_lm.generate --model BASE --adapter-path DIR` and `mlx_lm.fuse` take them unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .tiny import resolve_model
+
+ADAPTER_WEIGHTS = "adapters.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What `linear_to_lora_layers` needs; built from the run config."""
+
+    rank: int = 16
+    scale: float = 20.0
+    dropout: float = 0.0
+    num_layers: int = -1
+    keys: tuple[str, ...] | None = None
+    dora: bool = False
+
+    def mlx_lm_parameters(self) -> dict:
+        params = {"rank": self.rank, "scale": self.scale, "dropout": self.dropout}
+        if self.keys:
+            params["keys"] = list(self.keys)
+        return params
+
+    def layers_for(self, model: nn.Module) -> int:
+        total = len(model.layers)
+        if self.num_layers > total:
+            raise ValueError(f"lora_layers={self.num_layers} but the model has only {total} layers")
+        return total if self.num_layers < 0 else self.num_layers
+
+
+def load_base(model_name: str):
+    """Load model and tokenizer with mlx-lm (`tiny`, a hub id or a local path), base frozen."""
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(resolve_model(model_name))
+    model.freeze()
+    return model, tokenizer
+
+
+def attach_lora(model: nn.Module, spec: LoraSpec) -> int:
+    """Wrap the chosen linear layers with LoRA; returns the trainable parameter count."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model.freeze()
+    linear_to_lora_layers(model, spec.layers_for(model), spec.mlx_lm_parameters(), use_dora=spec.dora)
+    count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    if count == 0:
+        raise ValueError(f"lora_keys={spec.keys} matched no layer of the model; no parameter is trainable")
+    return count
+
+
+def load_policy(model_name: str, spec: LoraSpec):
+    """Base + fresh LoRA adapters. Returns (model, tokenizer, trainable parameter count)."""
+    model, tokenizer = load_base(model_name)
+    return model, tokenizer, attach_lora(model, spec)
+
+
+def adapter_weights(model: nn.Module) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def set_adapter_weights(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Replace the adapter tensors in place (no reload); names and shapes must match exactly."""
+    current = adapter_weights(model)
+    if set(weights) != set(current):
+        missing, extra = sorted(set(current) - set(weights)), sorted(set(weights) - set(current))
+        raise ValueError(f"adapter names differ from the model's: missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, value in weights.items():
+        if value.shape != current[name].shape:
+            raise ValueError(f"adapter {name}: shape {value.shape} != model's {current[name].shape}")
+    model.load_weights(list(weights.items()), strict=False)
+
+
+def save_adapters(model: nn.Module, folder: Path, spec: LoraSpec, base_model: str) -> None:
+    """Write mlx-lm-format adapters into `folder` (files replaced atomically)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "fine_tune_type": "dora" if spec.dora else "lora",
+        "num_layers": spec.layers_for(model),
+        "lora_parameters": spec.mlx_lm_parameters(),
+        "model": resolve_model(base_model),
+    }
+    tmp_weights = folder / f".{ADAPTER_WEIGHTS}.tmp.safetensors"
+    mx.save_safetensors(str(tmp_weights), adapter_weights(model), metadata={"format": "mlx"})
+    os.replace(tmp_weights, folder / ADAPTER_WEIGHTS)
+    tmp_config = folder / f".{ADAPTER_CONFIG}.tmp"
+    tmp_config.write_text(json.dumps(config, indent=2, sort_keys=True))
+    os.replace(tmp_config, folder / ADAPTER_CONFIG)
+
+
+def read_adapter_config(folder: Path) -> dict:
+    path = Path(folder) / ADAPTER_CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {folder} an adapter folder written by artmlx or mlx-lm?")
+    return json.loads(path.read_text())
+
+
+def spec_from_adapter_config(config: dict) -> LoraSpec:
+    params = config["lora_parameters"]
+    return LoraSpec(
+        rank=params["rank"],
+        scale=params["scale"],
+        dropout=params.get("dropout", 0.0),
+        num_layers=config["num_layers"],
+        keys=tuple(params["keys"]) if params.get("keys") else None,
+        dora=config.get("fine_tune_type") == "dora",
+    )
+
+
+def load_policy_with_adapters(folder: Path, model_name: str | None = None):
+    """Base + saved adapters. The base defaults to the one recorded in `adapter_config.json`."""
+    config = read_adapter_config(folder)
+    model_name = model_name or config.get("model")
+    if not model_name:
+        raise ValueError(f"{folder}/{ADAPTER_CONFIG} names no base model; pass --model")
+    spec = spec_from_adapter_config(config)
+    model, tokenizer, _ = load_policy(model_name, spec)
+    set_adapter_weights(model, dict(mx.load(str(Path(folder) / ADAPTER_WEIGHTS))))
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def lora_disabled(model: nn.Module):
+    """Run the frozen base alone (LoRA scale 0), e.g. for KL to the base without a second copy."""
+    saved = []
+    for _, module in model.named_modules():
+        if hasattr(module, "lora_a") and hasattr(module, "scale"):
+            saved.append((module, module.scale))
+            module.scale = 0.0
+    try:
+        yield model
+    finally:
+        for module, scale in saved:
+            module.scale = scale
+
+
+def fingerprint(model_name: str, spec: LoraSpec) -> str:
+    """A short hash of the base model's config and the LoRA layout (what actor and learner must share)."""
+    path = Path(resolve_model(model_name))
+    base = (path / "config.json").read_text() if (path / "config.json").exists() else model_name
+    payload = json.dumps({"base": base, "lora": spec.__dict__}, sort_keys=True, default=list)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

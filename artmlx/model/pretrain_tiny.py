@@ -1,0 +1,114 @@
+"""Pretrain the embedded tiny base on synthetic transcripts and write `tiny.safetensors`.
+
+    python -m artmlx.model.pretrain_tiny [--steps 800] [--out artmlx/model/tiny.safetensors]
+
+A user's base is pretrained; so is ours, on data this script makes up: tic-tac-toe games in
+exactly the transcript format the environment produces, where X's every move is uniform over the
+empty cells (so the base plays legally but no better than chance), and arithmetic prompts answered
+correctly half the time. Loss is next-token cross-entropy on the assistant tokens only. The result
+is quantized to 4 bits (group 32) as mlx-lm would, and GRPO then improves it through LoRA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..chat import ChatFormat
+from ..envs.arithmetic import Arithmetic
+from ..envs.tictactoe import TicTacToe
+from .tiny import QUANT_BITS, QUANT_GROUP_SIZE, WEIGHTS_FILE, build_tokenizer, model_config
+
+
+def tictactoe_transcript(chat: ChatFormat, eos: int, rng: random.Random) -> tuple[list[int], list[bool]]:
+    env = TicTacToe(opponent=rng.choice(["random", "perfect"]))
+    ids = chat.prompt_ids(env.reset(rng.randrange(1 << 30)))
+    mask = [False] * len(ids)
+    while True:
+        move = rng.choice([c for c, v in enumerate(env.board) if v == "."])
+        reply = chat.encode(str(move + 1)) + [eos]
+        ids += reply
+        mask += [True] * len(reply)
+        result = env.step(str(move + 1))
+        if result.done:
+            return ids, mask
+        cont = chat.continuation_ids(result.messages, eos)
+        ids += cont
+        mask += [False] * len(cont)
+
+
+def arithmetic_transcript(chat: ChatFormat, eos: int, rng: random.Random) -> tuple[list[int], list[bool]]:
+    env = Arithmetic()
+    ids = chat.prompt_ids(env.reset(rng.randrange(1 << 30)))
+    answer = env.answer if rng.random() < 0.5 else rng.randint(-9, 18)
+    reply = chat.encode(str(answer)) + [eos]
+    return ids + reply, [False] * len(ids) + [True] * len(reply)
+
+
+def make_batch(chat, eos, rng, size):
+    rows = [
+        (tictactoe_transcript if rng.random() < 0.85 else arithmetic_transcript)(chat, eos, rng)
+        for _ in range(size)
+    ]
+    width = max(len(ids) for ids, _ in rows)
+    tokens = np.zeros((size, width), np.int32)
+    mask = np.zeros((size, width), np.float32)
+    for i, (ids, m) in enumerate(rows):
+        tokens[i, : len(ids)] = ids
+        mask[i, : len(m)] = m
+    return mx.array(tokens), mx.array(mask)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=WEIGHTS_FILE)
+    args = parser.parse_args()
+
+    from mlx_lm.models import qwen2
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    mx.random.seed(args.seed)
+    rng = random.Random(args.seed)
+    tokenizer = TokenizerWrapper(build_tokenizer())
+    chat = ChatFormat(tokenizer)
+    eos = tokenizer.eos_token_id
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(model_config(quantized=False)))
+    optimizer = optim.AdamW(learning_rate=optim.cosine_decay(args.lr, args.steps, args.lr * 0.1), weight_decay=0.0)
+
+    def loss_fn(model, tokens, mask):
+        logits = model(tokens[:, :-1])
+        losses = nn.losses.cross_entropy(logits, tokens[:, 1:], reduction="none")
+        target_mask = mask[:, 1:]
+        return (losses * target_mask).sum() / target_mask.sum()
+
+    step_fn = nn.value_and_grad(model, loss_fn)
+    start = time.time()
+    for step in range(1, args.steps + 1):
+        tokens, mask = make_batch(chat, eos, rng, args.batch)
+        loss, grads = step_fn(model, tokens, mask)
+        optimizer.update(model, grads)
+        mx.eval(model.parameters(), optimizer.state, loss)
+        if step % 50 == 0 or step == 1:
+            print(f"step {step:4d}  loss {loss.item():.4f}  {time.time() - start:6.1f}s", flush=True)
+
+    nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=QUANT_BITS)
+    weights = dict(tree_flatten(model.parameters()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(args.out), weights, metadata={"format": "mlx"})
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
+
+
+if __name__ == "__main__":
+    main()

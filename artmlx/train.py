@@ -1,0 +1,122 @@
+"""`artmlx train`: the synchronous single-process loop (rollouts -> GRPO update -> eval).
+
+It is the baseline that the distributed pipeline must beat. Each update's task seeds and sampling
+key are pure functions of (seed, step), and checkpoints restore adapters, optimizer and RNG, so
+`--resume` continues exactly where an uninterrupted run would be.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from .actor.rollout import RolloutEngine, SamplingParams
+from .config import TrainConfig, config_to_toml
+from .envs.base import make_env, outcomes_of
+from .evaluate import evaluate, step_key, train_seeds
+from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .learner.trainer import GRPOTrainer
+from .metrics import MetricsLog
+from .model.policy import LoraSpec, load_policy, save_adapters
+
+
+def lora_spec(config: TrainConfig) -> LoraSpec:
+    return LoraSpec(
+        rank=config.lora_rank,
+        scale=config.lora_scale,
+        dropout=config.lora_dropout,
+        num_layers=config.lora_layers,
+        keys=tuple(config.lora_keys) or None,
+        dora=config.dora,
+    )
+
+
+def sampling_params(config: TrainConfig) -> SamplingParams:
+    return SamplingParams(
+        temperature=config.temperature,
+        max_reply_tokens=config.max_reply_tokens,
+        max_turns=config.max_turns,
+        max_episode_tokens=config.max_episode_tokens,
+    )
+
+
+def prepare_run_dir(config: TrainConfig, resume: bool) -> Path:
+    run_dir = config.resolved_out()
+    if resume:
+        if latest_checkpoint(run_dir) is None:
+            raise ValueError(f"--resume: no checkpoint under {run_dir}/checkpoints; check --out")
+    elif (run_dir / "metrics.jsonl").exists():
+        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.out = str(run_dir)
+    (run_dir / "config.toml").write_text(config_to_toml(config))
+    return run_dir
+
+
+def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
+    run_dir = prepare_run_dir(config, resume)
+    mx.random.seed(config.seed)
+    spec = lora_spec(config)
+    model, tokenizer, trainable = load_policy(config.model, spec)
+    env = make_env(config.env, config.env_args)
+    engine = RolloutEngine(model, tokenizer, lambda: make_env(config.env, config.env_args), sampling_params(config))
+    trainer = GRPOTrainer(model, config)
+    log = MetricsLog(run_dir / "metrics.jsonl", echo=echo)
+    elapsed = 0.0
+    if resume:
+        extra = load_checkpoint(latest_checkpoint(run_dir), trainer)
+        elapsed = extra.get("time", 0.0)
+        log.truncate_after(trainer.step)
+    if echo:
+        print(f"run {run_dir}: model {config.model}, env {config.env}, {trainable:,} trainable LoRA parameters, "
+              f"{config.groups_per_step}x{config.group_size} episodes per update", flush=True)
+    started = time.perf_counter() - elapsed
+    outcomes = outcomes_of(env)
+    eval_temperature = config.resolved_eval_temperature()
+
+    def run_eval():
+        row = evaluate(engine, config.eval_episodes, outcomes, eval_temperature, seed=config.seed)
+        log.write({"step": trainer.step, "policy_version": trainer.policy_version,
+                   "time": time.perf_counter() - started, **row})
+
+    if trainer.step == 0 and config.eval_every:
+        run_eval()
+    while trainer.step < config.steps:
+        step = trainer.step
+        t0 = time.perf_counter()
+        groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
+                             step_key(config.seed, step), trainer.policy_version)
+        t1 = time.perf_counter()
+        stats = trainer.train_step(groups)
+        t2 = time.perf_counter()
+        tokens = sum(g.tokens for g in groups)
+        log.write({
+            "step": trainer.step, "policy_version": trainer.policy_version, "time": t2 - started,
+            "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
+            "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
+            "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t1 - t0, 1e-9),
+            "train_tokens_per_s": tokens / max(t2 - t1, 1e-9),
+            "outcomes": _count_outcomes(groups, outcomes),
+            **stats,
+        })
+        last = trainer.step == config.steps
+        if config.eval_every and (trainer.step % config.eval_every == 0 or last):
+            run_eval()
+        if trainer.step % config.checkpoint_every == 0 or last:
+            save_checkpoint(run_dir, trainer, spec, config.model, {"time": time.perf_counter() - started},
+                            keep=config.keep_checkpoints)
+            save_adapters(model, run_dir / "adapters", spec, config.model)
+    save_adapters(model, run_dir / "adapters", spec, config.model)
+    return run_dir
+
+
+def _count_outcomes(groups, outcomes) -> dict:
+    counts = {name: 0 for name in outcomes}
+    for group in groups:
+        for episode in group.episodes:
+            outcome = episode.info.get("outcome")
+            if outcome is not None:
+                counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
