@@ -83,6 +83,8 @@ class TrainConfig:
     """Padded tokens per micro-batch; gradients of micro-batches are accumulated."""
     pad_multiple: int = 32
     """Pad sequence lengths to a multiple of this (fewer distinct shapes)."""
+    compile_step: bool = False
+    """Compile the loss-and-gradient step with `mx.compile` (one trace per micro-batch shape)."""
 
     eval_every: int = 10
     """Evaluate every this many updates (and before the first and after the last); 0 disables."""

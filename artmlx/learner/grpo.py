@@ -107,7 +107,7 @@ def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, 
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {settings.objective!r}")
 
-    kl_sum = mx.array(0.0)
+    kl_sum = mask.sum() * 0.0  # an op, not a constant: compiled outputs need a primitive
     if base_logp is not None:
         delta = (base_logp - logp) * mask
         kl = mx.exp(delta) - delta - 1.0

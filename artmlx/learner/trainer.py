@@ -42,13 +42,14 @@ class GRPOTrainer:
         self.optimizer.init(model.trainable_parameters())
         self.step = 0
         self.policy_version = 0
-        self._value_and_grad = nn.value_and_grad(model, self._loss)
+        value_and_grad = nn.value_and_grad(model, self._loss)
+        grad_step = lambda *arrays: value_and_grad(model, *arrays)  # noqa: E731
+        # Compiled per input shape; batching pads lengths to `pad_multiple` to keep shapes few.
+        self._grad_step = mx.compile(grad_step, inputs=[model.state], outputs=[model.state]) if config.compile_step else grad_step
 
-    def _loss(self, model, batch: MicroBatch, weights: mx.array, base_logp):
-        logits = model(batch.inputs)
-        logp = token_logprobs(logits, batch.targets, self.config.temperature)
-        return policy_loss(logp, batch.behaviour_logprobs, batch.advantages, batch.mask, weights,
-                           self.settings, base_logp)
+    def _loss(self, model, inputs, targets, behaviour, advantages, mask, weights, base_logp=None):
+        logp = token_logprobs(model(inputs), targets, self.config.temperature)
+        return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:
         """Current policy's logprobs of the targets (no gradient)."""
@@ -116,7 +117,10 @@ class GRPOTrainer:
             if config.kl_coef > 0:
                 with lora_disabled(self.model):
                     base_logp = mx.stop_gradient(self.policy_logprobs(batch))
-            (loss, metrics), micro_grads = self._value_and_grad(self.model, batch, weights, base_logp)
+            arrays = [batch.inputs, batch.targets, batch.behaviour_logprobs, batch.advantages, batch.mask, weights]
+            if base_logp is not None:
+                arrays.append(base_logp)
+            (loss, metrics), micro_grads = self._grad_step(*arrays)
             grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
             mx.eval(grads, loss, metrics)
             totals["loss"] += loss.item()

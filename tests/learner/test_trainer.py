@@ -1,0 +1,96 @@
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from artmlx.actor.rollout import RolloutEngine, SamplingParams
+from artmlx.config import load_config
+from artmlx.envs import make_env
+from artmlx.learner.trainer import GRPOTrainer
+from artmlx.model.policy import LoraSpec, save_adapters
+from artmlx.model.tiny import tiny_model_path
+from tests.helpers import tiny_policy
+
+
+def test_gradients_reach_only_lora_parameters():
+    model, tokenizer = tiny_policy(perturb=0.01)
+    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    groups = engine.play(list(range(6)), 6, mx.random.key(0))
+    config = load_config(None, {"learning_rate": 1e-3, "max_grad_norm": 0.0})
+    trainer = GRPOTrainer(model, config)
+    before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    metrics = trainer.train_step(groups)
+    assert metrics["episodes_trained"] > 0, "all groups had equal rewards; pick other seeds"
+    after = dict(tree_flatten(model.parameters()))
+    changed = {k for k, v in after.items() if not np.array_equal(np.array(v), before[k])}
+    trainable = {k for k, _ in tree_flatten(model.trainable_parameters())}
+    assert changed and changed <= trainable
+    assert all(k.rsplit(".", 1)[-1] in ("lora_a", "lora_b") for k in trainable)
+    assert any(k.endswith("lora_b") for k in changed)
+    assert trainer.policy_version == 1 and metrics["grad_norm"] > 0
+    # On-policy first update: the ratio is 1 up to float error.
+    assert abs(metrics["ratio_mean"] - 1) < 1e-4 and metrics["clip_frac"] == 0.0
+
+
+def test_zero_variance_groups_are_skipped_and_counted():
+    model, tokenizer = tiny_policy()
+    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    groups = engine.play([1, 2], 4, mx.random.key(0))
+    for group in groups:
+        for episode in group.episodes:
+            episode.reward = 0.5
+    trainer = GRPOTrainer(model, load_config())
+    metrics = trainer.train_step(groups)
+    assert metrics["groups_zero_variance"] == 2 and metrics["episodes_trained"] == 0
+    assert trainer.policy_version == 0
+
+
+def test_saved_adapters_load_in_mlx_lm(tmp_path):
+    import mlx_lm
+
+    model, _ = tiny_policy(rank=4, perturb=0.05)
+    spec = LoraSpec(rank=4, scale=20.0)
+    save_adapters(model, tmp_path / "adapters", spec, "tiny")
+    loaded, _ = mlx_lm.load(str(tiny_model_path()), adapter_path=str(tmp_path / "adapters"))
+    tokens = mx.array([[1, 4, 6, 24, 21, 7, 25, 21, 2, 6, 1, 5, 6]])
+    np.testing.assert_allclose(np.array(loaded(tokens)), np.array(model(tokens)), atol=1e-5)
+
+    generated = subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "generate", "--model", str(tiny_model_path()), "--adapter-path",
+         str(tmp_path / "adapters"), "--prompt", "1. 2. 3.", "--max-tokens", "4"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert generated.returncode == 0, generated.stderr
+    fused = subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "fuse", "--model", str(tiny_model_path()), "--adapter-path",
+         str(tmp_path / "adapters"), "--save-path", str(tmp_path / "fused"), "--dequantize"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert fused.returncode == 0, fused.stderr
+    fused_model, _ = mlx_lm.load(str(tmp_path / "fused"))
+    np.testing.assert_allclose(np.array(fused_model(tokens)), np.array(model(tokens)), atol=1e-3)
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_next_step(tmp_path):
+    from artmlx.train import train
+
+    common = {"steps": 3, "groups_per_step": 4, "group_size": 4, "eval_every": 0, "checkpoint_every": 2,
+              "learning_rate": 1e-3, "seed": 3}
+    straight = train(load_config(None, {**common, "out": str(tmp_path / "straight")}), echo=False)
+    partial = train(load_config(None, {**common, "steps": 2, "out": str(tmp_path / "resumed")}), echo=False)
+    resumed = train(load_config(None, {**common, "out": str(partial)}), resume=True, echo=False)
+    a = mx.load(str(straight / "adapters" / "adapters.safetensors"))
+    b = mx.load(str(resumed / "adapters" / "adapters.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(np.array(a[key]), np.array(b[key]))
+    from artmlx.metrics import read_metrics
+
+    steps = [r["step"] for r in read_metrics(resumed) if "reward_mean" in r]
+    assert steps == [1, 2, 3]
+    rewards = lambda d: [r["reward_mean"] for r in read_metrics(d) if "reward_mean" in r]  # noqa: E731
+    assert rewards(straight) == rewards(resumed)

@@ -1,0 +1,67 @@
+"""The real `artmlx` program, run as a subprocess on a tiny budget."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from artmlx.metrics import read_metrics
+
+
+def artmlx(*args, timeout=600):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "artmlx", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_help_and_model_path():
+    result = artmlx("--help")
+    assert result.returncode == 0 and "train" in result.stdout
+    path = artmlx("model-path", "tiny").stdout.strip()
+    assert os.path.exists(os.path.join(path, "config.json"))
+    assert os.path.exists(os.path.join(path, "model.safetensors"))
+    config = json.load(open(os.path.join(path, "config.json")))
+    assert config["quantization"]["bits"] == 4 and config["model_type"] == "qwen2"
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    result = artmlx("train", "--out", str(tmp_path / "run"), "--set", "group_size=1")
+    assert result.returncode != 0
+    assert "group_size" in result.stderr and "Traceback" not in result.stderr
+    result = artmlx("train", "--out", str(tmp_path / "run"), "--env", "chess")
+    assert result.returncode != 0 and "chess" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_train_eval_plot_end_to_end(tmp_path):
+    run = tmp_path / "run"
+    result = artmlx("train", "--out", str(run), "--steps", "2", "--set", "eval_every=2", "--set", "eval_episodes=20",
+                    "--set", "groups_per_step=4", "--set", "group_size=4")
+    assert result.returncode == 0, result.stderr
+    rows = read_metrics(run)
+    train_rows = [r for r in rows if "reward_mean" in r]
+    eval_rows = [r for r in rows if "eval_score" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert [r["step"] for r in eval_rows] == [0, 2]
+    for key in ("step", "policy_version", "reward_mean", "groups", "tokens", "time"):
+        assert key in train_rows[0]
+    for key in ("eval_score", "eval_episodes", "eval_win_rate", "eval_draw_rate", "eval_loss_rate",
+                "eval_illegal_rate"):
+        assert key in eval_rows[0]
+    assert (run / "config.toml").exists() and (run / "adapters" / "adapters.safetensors").exists()
+    assert list((run / "checkpoints").iterdir())
+
+    again = artmlx("train", "--out", str(run), "--steps", "2")
+    assert again.returncode != 0 and "--resume" in again.stderr
+
+    evaluated = artmlx("eval", "--adapters", str(run / "adapters"), "--episodes", "30", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    result_json = json.loads(evaluated.stdout)
+    assert result_json["eval_episodes"] == 30 and 0 <= result_json["eval_score"] <= 1
+    assert result_json["eval_score_ci_low"] <= result_json["eval_score"] <= result_json["eval_score_ci_high"]
+
+    plotted = artmlx("plot", str(run))
+    assert plotted.returncode == 0, plotted.stderr
+    assert (run / "plot.png").stat().st_size > 10_000

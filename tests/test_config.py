@@ -1,0 +1,61 @@
+import pytest
+
+from artmlx.config import FIELDS, config_to_toml, field_docs, load_config, parse_override
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"learning_rate": -1.0}, "learning_rate"),
+        ({"learning_rate": "fast"}, "learning_rate"),
+        ({"objective": "dpo"}, "objective"),
+        ({"normalization": "sum"}, "normalization"),
+        ({"eps_low": 1.5}, "eps_low"),
+        ({"lora_dropout": 1.0}, "lora_dropout"),
+        ({"adam_betas": [0.9]}, "adam_betas"),
+        ({"steps": 0}, "steps"),
+        ({"minibatches": 99}, "minibatches"),
+        ({"temperature": True}, "temperature"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        load_config(None, overrides)
+
+
+def test_unknown_fields_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown config field"):
+        load_config(None, {"learnig_rate": 1e-3})
+    path = tmp_path / "run.toml"
+    path.write_text("group_size = 4\nbogus = 1\n")
+    with pytest.raises(ValueError, match="bogus"):
+        load_config(path)
+    path.write_text("group_size = \n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_file_then_overrides_and_round_trip(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('group_size = 4\nenv_args = {opponent = "perfect"}\nlearning_rate = 1\n')
+    config = load_config(path, {"group_size": 6, "steps": None})
+    assert config.group_size == 6 and config.env_args == {"opponent": "perfect"}
+    assert isinstance(config.learning_rate, float)
+    again = tmp_path / "again.toml"
+    again.write_text(config_to_toml(config))
+    assert load_config(again) == config
+
+
+def test_overrides_parse_toml_values():
+    assert parse_override("eps_high=0.3") == ("eps_high", 0.3)
+    assert parse_override("env=arithmetic") == ("env", "arithmetic")
+    assert parse_override("lora_keys=['self_attn.q_proj']") == ("lora_keys", ["self_attn.q_proj"])
+    with pytest.raises(ValueError, match="key=value"):
+        parse_override("eps_high")
+
+
+def test_every_field_is_documented():
+    docs = field_docs()
+    assert set(docs) == set(FIELDS)
+    assert all(len(text) > 10 for text in docs.values())
