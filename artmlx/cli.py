@@ -13,9 +13,17 @@ def _fail(error: Exception) -> None:
     raise click.ClickException(str(error))
 
 
+def main() -> None:
+    """Console entry point: pick the fast BLAS on Linux CPU, then run the command."""
+    from .fast_blas import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    cli()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="artmlx")
-def main() -> None:
+def cli() -> None:
     """Reinforcement learning (GRPO) for LLM agents on MLX."""
 
 
@@ -29,7 +37,7 @@ def _load_train_config(config_file, overrides, settings):
     return load_config(config_file, values)
 
 
-@main.command()
+@cli.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields.")
 @click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder.")
 @click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class.")
@@ -54,7 +62,7 @@ def train(config_file, model, env, steps, seed, out, resume, settings):
     click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")
 
 
-@main.command(name="config")
+@cli.command(name="config")
 def show_config():
     """List every config field with its default and meaning."""
     import dataclasses
@@ -67,7 +75,7 @@ def show_config():
         click.echo(f"{f.name} = {default!r}\n    {docs.get(f.name, '')}")
 
 
-@main.command(name="eval")
+@cli.command(name="eval")
 @click.option("--adapters", type=click.Path(file_okay=False), help="Adapter folder (mlx-lm format); omit for the base.")
 @click.option("--model", help="Base model; defaults to the one recorded with the adapters, else tiny.")
 @click.option("--env", help="Environment; defaults to the run's (config.toml next to the adapters), else tictactoe.")
@@ -95,7 +103,7 @@ def eval_command(adapters, model, env, env_args, episodes, temperature, seed, as
             click.echo(f"  {key[5:-5]:<12} {value:.3f}")
 
 
-@main.command()
+@cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--out", type=click.Path(dir_okay=False), help="PNG path (default RUN_DIR/plot.png).")
 def plot(run_dirs, out):
@@ -109,7 +117,7 @@ def plot(run_dirs, out):
     click.echo(str(path))
 
 
-@main.command(name="model-path")
+@cli.command(name="model-path")
 @click.argument("name", default="tiny")
 def model_path(name):
     """Print the folder of the embedded model (`tiny`), writing it on first use."""

@@ -24,7 +24,7 @@ class TrainConfig:
     """Keyword options for the environment's constructor, e.g. `{opponent = "perfect"}`."""
     seed: int = 0
     """Seed for task selection, sampling and LoRA initialisation."""
-    steps: int = 40
+    steps: int = 50
     """Number of training updates (each: rollouts, then one GRPO update)."""
     out: str = ""
     """Run directory; empty means `runs/<date>-<time>`."""
@@ -42,7 +42,7 @@ class TrainConfig:
     dora: bool = False
     """Use DoRA instead of LoRA."""
 
-    groups_per_step: int = 8
+    groups_per_step: int = 16
     """Tasks (groups) sampled per update."""
     group_size: int = 8
     """Episodes per task, G; advantages compare episodes within a group."""

@@ -15,6 +15,7 @@ import mlx.core as mx
 from .actor.rollout import RolloutEngine, SamplingParams
 from .config import TrainConfig, config_to_toml
 from .envs.base import make_env, outcomes_of
+from .fast_blas import blas_description
 from .evaluate import evaluate, step_key, train_seeds
 from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .learner.trainer import GRPOTrainer
@@ -71,7 +72,8 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         log.truncate_after(trainer.step)
     if echo:
         print(f"run {run_dir}: model {config.model}, env {config.env}, {trainable:,} trainable LoRA parameters, "
-              f"{config.groups_per_step}x{config.group_size} episodes per update", flush=True)
+              f"{config.groups_per_step}x{config.group_size} episodes per update; "
+              f"{mx.default_device()}, BLAS: {blas_description()}", flush=True)
     started = time.perf_counter() - elapsed
     outcomes = outcomes_of(env)
     eval_temperature = config.resolved_eval_temperature()

@@ -75,6 +75,18 @@ def make_batch(chat, eos, digits, vocab_size, rng, size):
     return mx.array(tokens), mx.array(labels)
 
 
+def legal_mass(model, chat: ChatFormat, eos: int, digits: list[int], rng: random.Random, games: int = 64) -> float:
+    """Mean probability the model puts on empty cells' digits, over X's turns of random games."""
+    masses = []
+    for _ in range(games):
+        ids, targets = tictactoe_transcript(chat, eos, digits, rng)
+        move_positions = [p for p, choices in targets.items() if choices != [eos]]
+        probs = mx.softmax(model(mx.array([ids]))[0].astype(mx.float32), axis=-1)
+        for position in move_positions:
+            masses.append(float(probs[position - 1, targets[position]].sum()))
+    return float(np.mean(masses))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1500)
@@ -113,8 +125,12 @@ def main() -> None:
         mx.eval(model.parameters(), optimizer.state, loss)
         if step % 50 == 0 or step == 1:
             print(f"step {step:4d}  loss {loss.item():.4f}  {time.time() - start:6.1f}s", flush=True)
+        if step % 250 == 0:
+            print(f"  legal move mass {legal_mass(model, chat, eos, digits, random.Random(1)):.4f}", flush=True)
 
+    print(f"float model: legal move mass {legal_mass(model, chat, eos, digits, random.Random(1)):.4f}")
     nn.quantize(model, group_size=QUANT_GROUP_SIZE, bits=QUANT_BITS)
+    print(f"4-bit model: legal move mass {legal_mass(model, chat, eos, digits, random.Random(1)):.4f}")
     weights = dict(tree_flatten(model.parameters()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(args.out), weights, metadata={"format": "mlx"})
