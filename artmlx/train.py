@@ -16,7 +16,7 @@ from .actor.rollout import RolloutEngine, SamplingParams
 from .config import TrainConfig, config_to_toml
 from .envs.base import make_env, outcomes_of
 from .fast_blas import blas_description
-from .evaluate import evaluate, step_key, train_seeds
+from .evaluate import evaluate, step_key, step_seed, train_seeds
 from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .learner.trainer import GRPOTrainer
 from .metrics import MetricsLog
@@ -87,6 +87,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         run_eval()
     while trainer.step < config.steps:
         step = trainer.step
+        mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
         t0 = time.perf_counter()
         groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
                              step_key(config.seed, step), trainer.policy_version)
@@ -107,7 +108,8 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         if config.eval_every and (trainer.step % config.eval_every == 0 or last):
             run_eval()
         if trainer.step % config.checkpoint_every == 0 or last:
-            save_checkpoint(run_dir, trainer, spec, config.model, {"time": time.perf_counter() - started},
+            save_checkpoint(run_dir, trainer, spec, config.model,
+                            {"time": time.perf_counter() - started, "seed": config.seed},
                             keep=config.keep_checkpoints)
             save_adapters(model, run_dir / "adapters", spec, config.model)
     save_adapters(model, run_dir / "adapters", spec, config.model)

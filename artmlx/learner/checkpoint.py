@@ -1,8 +1,10 @@
 """Full trainer checkpoints, written atomically.
 
-`RUN_DIR/checkpoints/step_000020/` holds the adapters in mlx-lm format, the AdamW state and the
-MLX RNG state (`trainer_state.safetensors`), and `trainer_state.json` (step, policy version and
-any extra state the caller passes, e.g. ids of consumed groups). A checkpoint is written into a
+`RUN_DIR/checkpoints/step_000020/` holds the adapters in mlx-lm format, the AdamW state
+(`trainer_state.safetensors`), and `trainer_state.json` (step, policy version and any extra state
+the caller passes, e.g. the run seed or ids of consumed groups). MLX's global RNG state cannot be
+set from Python, so the training loop re-seeds it from (seed, step) at every update: the seed and
+step in this file are the RNG state. A checkpoint is written into a
 hidden temporary folder and renamed into place, so a crash never leaves a half-written one; only
 folders named `step_*` count.
 """
@@ -37,7 +39,6 @@ def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_mo
     shutil.rmtree(staging, ignore_errors=True)
     save_adapters(trainer.model, staging, spec, base_model)
     arrays = {f"optimizer.{k}": v for k, v in tree_flatten(trainer.optimizer.state)}
-    arrays.update({f"rng.{i}": v for i, v in enumerate(mx.random.state)})
     mx.save_safetensors(str(staging / STATE_ARRAYS), arrays)
     state = {"step": trainer.step, "policy_version": trainer.policy_version, "extra": extra or {}}
     (staging / STATE_JSON).write_text(json.dumps(state, indent=2))
@@ -62,16 +63,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, trainer: GRPOTrainer) -> dict:
-    """Restore adapters, optimizer, RNG, step and policy version; returns the extra state."""
+    """Restore adapters, optimizer, step and policy version; returns the extra state."""
     path = Path(path)
     set_adapter_weights(trainer.model, dict(mx.load(str(path / ADAPTER_WEIGHTS))))
     arrays = mx.load(str(path / STATE_ARRAYS))
     optimizer_items = [(k[len("optimizer."):], v) for k, v in arrays.items() if k.startswith("optimizer.")]
     trainer.optimizer.state = tree_unflatten(optimizer_items)
-    rng = [arrays[f"rng.{i}"] for i in range(len(mx.random.state))]
-    mx.random.state[:] = rng
     state = json.loads((path / STATE_JSON).read_text())
     trainer.step = state["step"]
     trainer.policy_version = state["policy_version"]
-    mx.eval(trainer.model.parameters(), trainer.optimizer.state, mx.random.state)
+    mx.eval(trainer.model.parameters(), trainer.optimizer.state)
     return state.get("extra", {})
