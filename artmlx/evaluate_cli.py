@@ -1,50 +1,49 @@
-"""What `artmlx eval` does: load base + adapters, play held-out episodes, summarise."""
+"""What `artmlx eval` does: load base + adapters, play held-out episodes, summarise.
+
+Settings not given on the command line come from the run that wrote the adapters (its
+`config.toml` next to the adapter folder), else from the config defaults.
+"""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from .config import parse_value
+from .config import TrainConfig, load_config, parse_value
 
 
-def _run_config(adapters: str | None) -> dict:
+def run_config_for(adapters: str | None) -> TrainConfig:
     if adapters:
         candidate = Path(adapters).resolve().parent / "config.toml"
         if candidate.exists():
-            return tomllib.loads(candidate.read_text())
-    return {}
+            return load_config(candidate)
+    return TrainConfig()
 
 
 def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -> dict:
-    from .actor.rollout import RolloutEngine, SamplingParams
+    from .actor.rollout import RolloutEngine
     from .envs.base import make_env, outcomes_of
     from .evaluate import evaluate
-    from .model.policy import LoraSpec, load_policy, load_policy_with_adapters
+    from .model.policy import LoraSpec, load_policy, load_policy_with_adapters, read_adapter_config
+    from .train import sampling_params
 
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    run = _run_config(adapters)
-    env = env or run.get("env", "tictactoe")
-    env_args = dict(run.get("env_args", {})) if env == run.get("env") else {}
+    run = run_config_for(adapters)
+    env_args = dict(run.env_args) if env in (None, run.env) else {}
+    env = env or run.env
     for item in env_arg_items:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"--env-arg {item!r} must look like key=value")
         env_args[key.strip()] = parse_value(raw)
-    if temperature is None:
-        temperature = run.get("temperature", 1.0)
+    temperature = run.resolved_eval_temperature() if temperature is None else temperature
     if adapters:
-        model_obj, tokenizer = load_policy_with_adapters(Path(adapters), model)
+        model = model or read_adapter_config(Path(adapters)).get("model")
+        policy, tokenizer = load_policy_with_adapters(Path(adapters), model)
     else:
-        model = model or "tiny"
-        model_obj, tokenizer, _ = load_policy(model, LoraSpec())
-    sampling = SamplingParams(
-        temperature=temperature,
-        max_reply_tokens=run.get("max_reply_tokens", 8),
-        max_turns=run.get("max_turns", 10),
-        max_episode_tokens=run.get("max_episode_tokens", 1024),
-    )
-    engine = RolloutEngine(model_obj, tokenizer, lambda: make_env(env, env_args), sampling)
+        model = model or run.model
+        policy, tokenizer, _ = load_policy(model, LoraSpec())
+    engine = RolloutEngine(policy, tokenizer, lambda: make_env(env, env_args), sampling_params(run))
     result = evaluate(engine, episodes, outcomes_of(make_env(env, env_args)), temperature, seed=seed)
-    return {"model": model or "adapter base", "adapters": adapters, "env": env, "temperature": temperature, **result}
+    return {"model": model, "adapters": adapters, "env": env,
+            "env_args": env_args, "temperature": temperature, **result}
