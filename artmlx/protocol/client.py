@@ -1,0 +1,133 @@
+"""The actor's side of the protocol: hello, a bounded window of unacknowledged groups, resends.
+
+The actor keeps every group it sent until the learner acknowledges it (trained, stale, rejected
+or duplicate). At most `max_in_flight` (from the learner's Welcome) are unacknowledged at once;
+`submit()` waits for a free slot, so a slow learner slows actors down. Heartbeats go out every
+`heartbeat_s`; the learner answers with its session id. A different session id means the learner
+restarted: the actor says hello again and resends every unacknowledged group (the learner drops
+the ones it had already consumed). Adapter updates are conflated: only the newest is kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket as socketlib
+import time
+
+from .. import __version__
+from .codec import encode
+from .messages import Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, TrajectoryGroup, Welcome
+from .sockets import ActorSocket
+
+
+class ActorRefused(RuntimeError):
+    """The learner refused this actor; the message says why."""
+
+
+class LearnerGone(RuntimeError):
+    """No answer from the learner within the timeout."""
+
+
+class ActorClient:
+    def __init__(self, socket: ActorSocket, name: str, heartbeat_s: float = 1.0):
+        self.socket = socket
+        self.name = name
+        self.host = socketlib.gethostname()
+        self.heartbeat_s = heartbeat_s
+        self.fingerprint = ""
+        self.welcome: Welcome | None = None
+        self.session: str | None = None
+        self.outbox: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self.unsent: set[str] = set()
+        self.adapter: AdapterUpdate | None = None
+        self.shutdown_reason: str | None = None
+        self.policy_version = 0
+        self.stats: dict = {}
+        self.acks = collections.Counter()
+        self.sent = 0
+        self.resent = 0
+        self._last_heartbeat = 0.0
+
+    @property
+    def window(self) -> int:
+        return self.welcome.max_in_flight if self.welcome else 1
+
+    def hello(self, fingerprint: str = "", timeout_s: float = 30.0) -> Welcome:
+        """Introduce this actor and wait for the learner's Welcome (raises ActorRefused / LearnerGone)."""
+        self.fingerprint = fingerprint or self.fingerprint
+        self.welcome = None
+        deadline = time.monotonic() + timeout_s
+        next_try = 0.0
+        while self.welcome is None:
+            now = time.monotonic()
+            if now > deadline:
+                raise LearnerGone(f"no Welcome from the learner within {timeout_s:.0f} s; is it running and reachable?")
+            if now >= next_try:
+                self.socket.send(Hello(actor=self.name, host=self.host, artmlx_version=__version__,
+                                       fingerprint=self.fingerprint))
+                next_try = now + 1.0
+            self.pump(100, answer_session=False)
+        return self.welcome
+
+    def submit(self, group: TrajectoryGroup, timeout_s: float = 600.0) -> None:
+        """Send a group once a window slot is free; it is kept until acknowledged."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.outbox) >= self.window and self.shutdown_reason is None:
+            if time.monotonic() > deadline:
+                raise LearnerGone(f"no acknowledgement from the learner within {timeout_s:.0f} s")
+            self.pump(50)
+        frames = encode(group)
+        self.outbox[group.group_id] = frames
+        self.sent += 1
+        if not self.socket.send(None, frames=frames):
+            self.unsent.add(group.group_id)
+
+    def pump(self, timeout_ms: int, answer_session: bool = True) -> None:
+        """Handle incoming messages for up to `timeout_ms`; send a heartbeat and retries when due."""
+        now = time.monotonic()
+        if now - self._last_heartbeat >= self.heartbeat_s:
+            self._last_heartbeat = now
+            self.socket.send(Heartbeat(sender=self.name, session=self.session or "",
+                                       policy_version=self.policy_version, stats=self.stats))
+        for group_id in list(self.unsent):
+            if self.socket.send(None, frames=self.outbox[group_id]):
+                self.unsent.discard(group_id)
+        message = self.socket.receive(timeout_ms)
+        while message is not None:
+            self._handle(message, answer_session)
+            message = self.socket.receive(0)
+
+    def _handle(self, message, answer_session: bool) -> None:
+        if isinstance(message, Welcome):
+            self.welcome = message
+            if self.session is not None and message.session != self.session:
+                self._resend_all()
+            self.session = message.session
+        elif isinstance(message, Refuse):
+            raise ActorRefused(message.reason)
+        elif isinstance(message, Ack):
+            if self.outbox.pop(message.group_id, None) is not None:
+                self.acks[message.status] += 1
+                self.unsent.discard(message.group_id)
+        elif isinstance(message, AdapterUpdate):
+            if self.adapter is None or message.policy_version >= self.adapter.policy_version:
+                self.adapter = message
+        elif isinstance(message, Heartbeat):
+            if answer_session and self.session is not None and message.session != self.session:
+                # The learner restarted: introduce ourselves again, then resend what it never acknowledged.
+                self.hello()
+        elif isinstance(message, Shutdown):
+            self.shutdown_reason = message.reason or "learner shut down"
+
+    def _resend_all(self) -> None:
+        for group_id, frames in self.outbox.items():
+            self.resent += 1
+            if not self.socket.send(None, frames=frames):
+                self.unsent.add(group_id)
+
+    def take_adapter(self) -> AdapterUpdate | None:
+        """The newest adapter received since the last call, if any."""
+        adapter, self.adapter = self.adapter, None
+        if adapter is not None:
+            self.policy_version = adapter.policy_version
+        return adapter

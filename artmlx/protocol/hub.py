@@ -1,0 +1,186 @@
+"""The learner's side of the protocol: who is connected, which groups are in, what to resend.
+
+- Hello: version and fingerprint are checked (a mismatch is refused with the reason); the actor
+  gets the run configuration, its flow-control window (`max_in_flight`) and at once the current
+  adapter, so a late or reconnecting actor never samples from a stale policy.
+- TrajectoryGroup: a group id already consumed is acknowledged as `duplicate` and dropped; one
+  already waiting is not queued twice; a group with a wrong fingerprint or a policy version from
+  the future is rejected. Valid groups are handed to the caller, who later calls `consume()` with
+  trained/stale/rejected; only then is the actor acknowledged and its window slot freed, so a slow
+  learner back-pressures actors instead of buffering without bound.
+- Heartbeat: updates the actor's liveness, policy version and stats; the reply carries this
+  learner's session id (a new one after a restart tells actors to say hello and resend) and, if
+  the actor is behind, the adapter follows.
+- publish(): one encoding of the adapter, sent to every live actor without blocking; an actor whose
+  queue was full gets it on its next heartbeat.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .codec import encode
+from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, TrajectoryGroup,
+                       Welcome)
+from .sockets import LearnerSocket
+
+
+@dataclass
+class ActorInfo:
+    identity: bytes
+    name: str
+    host: str
+    index: int
+    joined: float
+    last_seen: float
+    policy_version: int = 0
+    adapter_sent: int = -1
+    stats: dict = field(default_factory=dict)
+    in_flight: int = 0
+
+
+class LearnerHub:
+    def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str, max_in_flight: int = 4,
+                 actor_timeout_s: float = 10.0, consumed: set[str] | None = None):
+        self.socket = socket
+        self.run_config = run_config
+        self.fingerprint = fingerprint
+        self.max_in_flight = max_in_flight
+        self.actor_timeout_s = actor_timeout_s
+        self.session = uuid.uuid4().hex
+        self.actors: dict[bytes, ActorInfo] = {}
+        self.consumed: set[str] = set(consumed or ())
+        self.waiting: dict[str, bytes] = {}
+        self.policy_version = 0
+        self._adapter_frames: list | None = None
+        self._next_index = 0
+        self.counts = collections.Counter()
+
+    def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
+        """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        groups = []
+        while True:
+            remaining = max(0, int((deadline - time.monotonic()) * 1000))
+            received = self.socket.receive(remaining if not groups else 0)
+            if received is None:
+                break
+            identity, message = received
+            group = self._handle(identity, message)
+            if group is not None:
+                groups.append(group)
+        self._expire()
+        return groups
+
+    def _handle(self, identity: bytes, message):
+        if isinstance(message, Hello):
+            self._hello(identity, message)
+            return None
+        info = self.actors.get(identity)
+        if info is None:
+            # Unknown actor (e.g. this learner restarted): tell it our session so it says hello again.
+            self.counts["unknown_actor"] += 1
+            self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
+                                                 policy_version=self.policy_version))
+            return None
+        info.last_seen = time.monotonic()
+        if isinstance(message, Heartbeat):
+            info.policy_version, info.stats = message.policy_version, message.stats
+            self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
+                                                 policy_version=self.policy_version))
+            if info.adapter_sent < self.policy_version:
+                self._send_adapter(info)
+            return None
+        if isinstance(message, TrajectoryGroup):
+            return self._group(info, message)
+        self.socket.rejections.reject("unexpected", f"{type(message).__name__} is not sent by actors", info.name)
+        return None
+
+    def _hello(self, identity: bytes, hello: Hello) -> None:
+        reason = ""
+        if hello.protocol_version != PROTOCOL_VERSION:
+            reason = f"actor speaks protocol {hello.protocol_version}, learner {PROTOCOL_VERSION}"
+        elif hello.fingerprint and hello.fingerprint != self.fingerprint:
+            reason = (f"fingerprint mismatch: the actor loaded base model + LoRA layout {hello.fingerprint}, the "
+                      f"learner trains {self.fingerprint}; give both the same model and LoRA settings")
+        if reason:
+            self.socket.rejections.reject("refused", reason, hello.actor)
+            self.socket.send(identity, Refuse(reason=reason))
+            return
+        now = time.monotonic()
+        info = self.actors.get(identity)
+        if info is None:
+            info = ActorInfo(identity, hello.actor, hello.host, self._next_index, now, now)
+            self._next_index += 1
+            self.actors[identity] = info
+        info.last_seen = now
+        self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
+                                           fingerprint=self.fingerprint, policy_version=self.policy_version,
+                                           max_in_flight=self.max_in_flight, actor_index=info.index))
+        info.adapter_sent = -1
+        self._send_adapter(info)
+
+    def _group(self, info: ActorInfo, group: TrajectoryGroup):
+        self.counts["received"] += 1
+        if group.group_id in self.consumed:
+            self.counts["duplicate"] += 1
+            self.socket.send(info.identity, Ack(group.group_id, "duplicate", "already consumed"))
+            return None
+        if group.group_id in self.waiting:
+            self.counts["duplicate"] += 1
+            self.waiting[group.group_id] = info.identity
+            return None
+        reason = ""
+        if group.fingerprint != self.fingerprint:
+            reason = f"fingerprint {group.fingerprint} is not the run's {self.fingerprint}"
+        elif group.policy_version > self.policy_version:
+            reason = f"policy version {group.policy_version} is ahead of the learner's {self.policy_version}"
+        if reason:
+            self.consumed.add(group.group_id)
+            self.socket.rejections.reject("out_of_range", reason, info.name)
+            self.counts["rejected"] += 1
+            self.socket.send(info.identity, Ack(group.group_id, "rejected", reason))
+            return None
+        self.waiting[group.group_id] = info.identity
+        info.in_flight += 1
+        return info, group
+
+    def consume(self, group_id: str, status: str, reason: str = "") -> None:
+        """The caller is done with a group (trained, stale, rejected): acknowledge it to its actor."""
+        identity = self.waiting.pop(group_id, None)
+        self.consumed.add(group_id)
+        self.counts[status] += 1
+        if identity is None:
+            return
+        info = self.actors.get(identity)
+        if info is not None:
+            info.in_flight = max(0, info.in_flight - 1)
+        self.socket.send(identity, Ack(group_id, status, reason))
+
+    def publish(self, policy_version: int, tensors: dict) -> int:
+        """Send a new adapter to every live actor; returns how many got it now."""
+        self.policy_version = policy_version
+        self._adapter_frames = encode(AdapterUpdate(policy_version, tensors))
+        return sum(self._send_adapter(info) for info in list(self.actors.values()))
+
+    def _send_adapter(self, info: ActorInfo) -> bool:
+        if self._adapter_frames is None or info.adapter_sent >= self.policy_version:
+            return False
+        if self.socket.send(info.identity, None, frames=self._adapter_frames):
+            info.adapter_sent = self.policy_version
+            return True
+        return False
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self.actor_timeout_s
+        for identity in [i for i, info in self.actors.items() if info.last_seen < cutoff]:
+            self.counts["actors_lost"] += 1
+            del self.actors[identity]
+
+    def shutdown(self, reason: str) -> None:
+        for info in self.actors.values():
+            self.socket.send(info.identity, Shutdown(reason=reason))
+

@@ -1,0 +1,79 @@
+"""CURVE keys: `artmlx keygen DIR` and the socket options that use them.
+
+Layout of a keys directory (made by `make_keys`):
+    DIR/learner.key, DIR/learner.key_secret    the learner's pair (actors need learner.key)
+    DIR/actor.key,   DIR/actor.key_secret      a pair actors use (copy to each actor machine)
+    DIR/allowed/actor.key                       public keys the learner accepts
+A learner with keys accepts only clients whose public key is in `DIR/allowed/`; traffic is then
+encrypted. More actor identities: `artmlx keygen DIR --actor NAME` adds NAME.key(_secret) and
+allows it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+
+def make_keys(folder: Path, actor: str = "actor") -> list[Path]:
+    folder = Path(folder)
+    (folder / "allowed").mkdir(parents=True, exist_ok=True)
+    made = []
+    if not (folder / "learner.key_secret").exists():
+        made += zmq.auth.create_certificates(str(folder), "learner")
+    if not (folder / f"{actor}.key_secret").exists():
+        made += zmq.auth.create_certificates(str(folder), actor)
+    shutil.copyfile(folder / f"{actor}.key", folder / "allowed" / f"{actor}.key")
+    for secret in folder.glob("*.key_secret"):
+        secret.chmod(0o600)
+    return [Path(p) for p in made]
+
+
+def _load(path: Path):
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found; create keys with `artmlx keygen {path.parent}`")
+    return zmq.auth.load_certificate(str(path))
+
+
+def secure_server(context: zmq.Context, socket: zmq.Socket, folder: Path) -> ThreadAuthenticator:
+    """Make `socket` a CURVE server that admits only keys in `folder/allowed`."""
+    folder = Path(folder)
+    public, secret = _load(folder / "learner.key_secret")
+    if not (folder / "allowed").is_dir():
+        raise FileNotFoundError(f"{folder}/allowed/ not found; create keys with `artmlx keygen {folder}`")
+    authenticator = ThreadAuthenticator(context)
+    authenticator.start()
+    authenticator.configure_curve(domain="*", location=str(folder / "allowed"))
+    socket.curve_secretkey = secret
+    socket.curve_publickey = public
+    socket.curve_server = True
+    return authenticator
+
+
+def secure_client(socket: zmq.Socket, folder: Path, actor: str = "actor") -> None:
+    folder = Path(folder)
+    public, secret = _load(folder / f"{actor}.key_secret")
+    server_public, _ = _load(folder / "learner.key")
+    socket.curve_secretkey = secret
+    socket.curve_publickey = public
+    socket.curve_serverkey = server_public
+
+
+def is_loopback(address: str) -> bool:
+    """True for tcp://127.x, tcp://[::1], tcp://localhost and ipc:// or inproc:// addresses."""
+    parsed = urlparse(address)
+    if parsed.scheme in ("ipc", "inproc"):
+        return True
+    host = parsed.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
