@@ -117,6 +117,21 @@ def plot(run_dirs, out):
     click.echo(str(path))
 
 
+@cli.command()
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--actor", default="actor", show_default=True, help="Name of the actor key pair to create and allow.")
+def keygen(folder, actor):
+    """Create CURVE keys: the learner's pair, an actor pair, and the learner's allowed list."""
+    from .protocol.security import make_keys
+
+    made = make_keys(Path(folder), actor)
+    for path in made:
+        click.echo(f"wrote {path}")
+    click.echo(f"learner: --keys {folder} (uses learner.key_secret and {folder}/allowed/)\n"
+               f"actors:  copy {folder}/learner.key, {folder}/{actor}.key and {folder}/{actor}.key_secret "
+               f"to each actor machine and pass --keys there")
+
+
 @cli.command(name="model-path")
 @click.argument("name", default="tiny")
 def model_path(name):

@@ -65,3 +65,11 @@ def test_train_eval_plot_end_to_end(tmp_path):
     plotted = artmlx("plot", str(run))
     assert plotted.returncode == 0, plotted.stderr
     assert (run / "plot.png").stat().st_size > 10_000
+
+
+def test_keygen_writes_a_usable_key_layout(tmp_path):
+    result = artmlx("keygen", str(tmp_path / "keys"), "--actor", "mac-mini")
+    assert result.returncode == 0, result.stderr
+    for name in ("learner.key", "learner.key_secret", "mac-mini.key", "mac-mini.key_secret", "allowed/mac-mini.key"):
+        assert (tmp_path / "keys" / name).exists(), name
+    assert oct((tmp_path / "keys" / "learner.key_secret").stat().st_mode & 0o777) == "0o600"

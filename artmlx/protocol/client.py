@@ -65,7 +65,7 @@ class ActorClient:
             if now >= next_try:
                 self.socket.send(Hello(actor=self.name, host=self.host, artmlx_version=__version__,
                                        fingerprint=self.fingerprint))
-                next_try = now + 1.0
+                next_try = now + 0.25
             self.pump(100, answer_session=False)
         return self.welcome
 
