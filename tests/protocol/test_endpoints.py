@@ -222,3 +222,53 @@ def test_learner_restart_resends_unacknowledged_groups_without_double_counting()
     assert second.call(lambda h: h.counts["duplicate"]) == 1
     client.socket.close()
     second.stop()
+
+
+def test_kill_9_of_the_learner_process_then_restart(tmp_path):
+    """A learner process dies holding groups; its successor gets them resent, none twice."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    state = tmp_path / "state.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+
+    def start(*extra):
+        return subprocess.Popen([sys.executable, "-m", "tests.protocol.hub_process", address, str(state), *extra],
+                                env=env)
+
+    def read_state():
+        try:
+            return json.loads(state.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    first = start("--hold-after", "2")
+    client = ActorClient(ActorSocket(address), "a", heartbeat_s=0.1)
+    client.hello("fp", timeout_s=60)
+    first_session = client.session
+    for _ in range(6):
+        client.submit(make_group(), timeout_s=60)
+    assert wait_for(lambda: (read_state() or {}).get("received", []).__len__() == 6, client, timeout=30)
+    assert client.acks["trained"] == 2 and len(client.outbox) == 4
+    held = set(client.outbox)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+
+    second = start()
+    try:
+        assert wait_for(lambda: not client.outbox, client, timeout=60)
+        # The hub writes its state right after acknowledging; give it that moment.
+        assert wait_for(lambda: len((read_state() or {}).get("consumed", [])) == 6, timeout=10)
+        final = read_state()
+        assert client.session != first_session
+        assert set(final["received"]) == held
+        assert client.acks["trained"] == 6 and client.resent >= 4
+        assert len(final["consumed"]) == 6
+    finally:
+        second.kill()
+        second.wait(10)
+        client.socket.close()
