@@ -37,16 +37,27 @@ def _load_train_config(config_file, overrides, settings):
     return load_config(config_file, values)
 
 
+_train_options = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields."),
+    click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder."),
+    click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
+    click.option("--steps", type=int, help="Number of GRPO updates."),
+    click.option("--seed", type=int, help="Run seed."),
+    click.option("--out", help="Run directory (default runs/<date>-<time>)."),
+    click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint."),
+    click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                 help="Override any config field (TOML value syntax); repeatable. `artmlx config` lists fields."),
+]
+
+
+def train_options(function):
+    for option in reversed(_train_options):
+        function = option(function)
+    return function
+
+
 @cli.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields.")
-@click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder.")
-@click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class.")
-@click.option("--steps", type=int, help="Number of GRPO updates.")
-@click.option("--seed", type=int, help="Run seed.")
-@click.option("--out", help="Run directory (default runs/<date>-<time>).")
-@click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint.")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Override any config field (TOML value syntax); repeatable. `artmlx config` lists fields.")
+@train_options
 def train(config_file, model, env, steps, seed, out, resume, settings):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
@@ -60,6 +71,81 @@ def train(config_file, model, env, steps, seed, out, resume, settings):
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")
+
+
+def learner_main() -> None:
+    """`artmlx-learner`: the same as `artmlx learner`."""
+    from .fast_blas import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    learner(prog_name="artmlx-learner")
+
+
+def actor_main() -> None:
+    """`artmlx-actor`: the same as `artmlx actor`."""
+    from .fast_blas import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    actor(prog_name="artmlx-actor")
+
+
+@cli.command()
+@click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="Address actors connect to.")
+@click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder (`artmlx keygen`).")
+@click.option("--insecure", is_flag=True, help="Allow binding a network address without keys.")
+@train_options
+def learner(bind, keys, insecure, config_file, model, env, steps, seed, out, resume, settings):
+    """The learner process: serves actors, trains on their groups, broadcasts adapters."""
+    try:
+        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
+                                                  "out": out}, settings)
+        if resume and not config.out:
+            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
+        from .learner.service import LearnerService
+
+        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume).run()
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    click.echo(f"learner done: {run_dir}")
+
+
+@cli.command()
+@click.option("--connect", default="tcp://127.0.0.1:5555", show_default=True, help="The learner's address.")
+@click.option("--name", help="Actor name shown by the learner (default: host name + random suffix).")
+@click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder with learner.key and the actor pair.")
+@click.option("--actor-key", default="actor", show_default=True, help="Name of this actor's key pair in --keys.")
+def actor(connect, name, keys, actor_key):
+    """An actor process: samples groups with the learner's current adapter and streams them to it."""
+    from .protocol.client import ActorRefused
+
+    try:
+        from .actor.service import ActorService
+
+        ActorService(connect, name, Path(keys) if keys else None, actor_key).run()
+    except ActorRefused as refused:
+        raise click.ClickException(f"the learner refused this actor: {refused}")
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+
+
+@cli.command()
+@click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 1).")
+@train_options
+def run(actors, config_file, model, env, steps, seed, out, resume, settings):
+    """Learner + N actors on this machine, supervised; the single-machine pipeline."""
+    try:
+        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
+                                                  "out": out}, settings)
+        if resume and not config.out:
+            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
+        from .launch import default_actor_count, run_pipeline
+
+        if actors is not None and actors < 1:
+            raise ValueError(f"--actors must be >= 1, got {actors}")
+        code = run_pipeline(config, actors or default_actor_count(), resume)
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    sys.exit(code)
 
 
 @cli.command(name="config")

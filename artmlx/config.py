@@ -86,6 +86,13 @@ class TrainConfig:
     compile_step: bool = False
     """Compile the loss-and-gradient step with `mx.compile` (one trace per micro-batch shape)."""
 
+    max_staleness: int = 2
+    """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
+    max_in_flight: int = 0
+    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means groups_per_step + actor_groups_per_batch, enough for one actor to fill an update."""
+    actor_groups_per_batch: int = 4
+    """Pipeline: groups an actor generates in one batched rollout."""
+
     eval_every: int = 10
     """Evaluate every this many updates (and before the first and after the last); 0 disables."""
     eval_episodes: int = 200
@@ -104,6 +111,9 @@ class TrainConfig:
 
         return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
+    def resolved_max_in_flight(self) -> int:
+        return self.max_in_flight or self.groups_per_step + self.actor_groups_per_batch
+
     def resolved_eval_temperature(self) -> float:
         return self.temperature if self.eval_temperature < 0 else self.eval_temperature
 
@@ -113,10 +123,10 @@ CHOICES = {
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
 }
-POSITIVE = ("steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
+POSITIVE = ("actor_groups_per_batch", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "max_batch_tokens", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 

@@ -37,10 +37,17 @@ def format_row(row: dict) -> str:
         return (f"eval  step {row['step']:4d}  score {row['eval_score']:.3f} "
                 f"[{row['eval_score_ci_low']:.3f}, {row['eval_score_ci_high']:.3f}]  "
                 f"n={row['eval_episodes']}  {rates}")
-    return (f"train step {row['step']:4d}  v{row['policy_version']}  reward {row['reward_mean']:+.3f}  "
+    if "reward_mean" not in row:
+        return "final " + "  ".join(f"{k} {v}" for k, v in row.items() if k != "final")
+    text = (f"train step {row['step']:4d}  v{row['policy_version']}  reward {row['reward_mean']:+.3f}  "
             f"groups {row['groups']} (flat {row['groups_zero_variance']})  tokens {row['tokens']}  "
-            f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  "
-            f"gen {row['gen_seconds']:.1f}s train {row['train_seconds']:.1f}s  t={row['time']:.0f}s")
+            f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  ")
+    if "gen_seconds" in row:
+        text += f"gen {row['gen_seconds']:.1f}s "
+    if "staleness_max" in row:
+        text += (f"stale<= {row['staleness_max']}  actors {row['actors']}  queue {row['queue_depth']}  "
+                 f"idle {row['learner_idle_frac']:.0%}  ")
+    return text + f"train {row['train_seconds']:.1f}s  t={row['time']:.0f}s"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

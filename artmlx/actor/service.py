@@ -1,0 +1,97 @@
+"""`artmlx actor`: an actor process of the pipeline.
+
+It needs only the learner's address (and keys): it says hello, receives the run configuration,
+loads the base model itself, says hello again with the fingerprint of what it loaded (a mismatch is
+refused with the reason and the actor exits with it), waits for the current adapter, then loops:
+apply the newest adapter in place (no reload), play a batch of groups with the core's batched
+rollouts, tag them with the policy version they were sampled with, and submit them through the
+flow-control window. Task seeds come from a per-process random stream, so no two actors play the
+same episodes. It exits cleanly when the learner says shutdown.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket as socketlib
+import time
+import uuid
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..config import TrainConfig, validate
+from ..envs.base import make_env
+from ..evaluate import EVAL_SEED_BASE
+from ..model.policy import fingerprint, load_policy, set_adapter_weights
+from ..protocol.client import ActorClient, LearnerGone
+from ..protocol.codec import to_mlx
+from ..protocol.convert import group_to_message
+from ..protocol.sockets import ActorSocket
+from ..train import lora_spec, sampling_params
+from .rollout import RolloutEngine
+
+
+class ActorService:
+    def __init__(self, connect: str, name: str | None = None, keys: Path | None = None, actor_key: str = "actor",
+                 echo: bool = True):
+        self.name = name or f"{socketlib.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.client = ActorClient(ActorSocket(connect, keys=keys, actor_key=actor_key), self.name)
+        self.echo = echo
+        self.stop = False
+        self.nonce = uuid.uuid4().int & ((1 << 62) - 1)
+
+    def say(self, text: str) -> None:
+        if self.echo:
+            print(f"[{self.name}] {text}", flush=True)
+
+    def run(self) -> str:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda number, frame: setattr(self, "stop", True))
+        welcome = self._hello_until_welcome()
+        config = validate(TrainConfig(**welcome.run_config))
+        model, tokenizer, _ = load_policy(config.model, lora_spec(config))
+        self.client.hello(fingerprint(config.model, lora_spec(config)))  # raises ActorRefused on a mismatch
+        self.say(f"connected: model {config.model}, env {config.env}, learner at v{welcome.policy_version}")
+        engine = RolloutEngine(model, tokenizer, lambda: make_env(config.env, config.env_args), sampling_params(config))
+        version = self._apply_adapter(model, wait=True)
+        rng = np.random.default_rng([config.seed, self.nonce])
+        batches, started = 0, time.perf_counter()
+        policy_tokens = 0
+        while not self.stop and self.client.shutdown_reason is None:
+            version = self._apply_adapter(model, wait=False, current=version)
+            seeds = rng.integers(0, EVAL_SEED_BASE, size=config.actor_groups_per_batch).tolist()
+            key = mx.random.key(int(rng.integers(0, 2**62)))
+            for group in engine.play(seeds, config.group_size, key, version):
+                group.group_id = f"{self.name}-{uuid.uuid4().hex}"
+                policy_tokens += group.policy_tokens
+                self.client.submit(group_to_message(group, self.name, config.env, self.client.fingerprint))
+                if self.client.shutdown_reason:
+                    break
+            batches += 1
+            self.client.stats = {"groups_sent": self.client.sent, "batches": batches,
+                                 "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9)}
+            self.client.pump(0)
+        reason = self.client.shutdown_reason or "stopped by signal"
+        self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
+        self.client.socket.close()
+        return reason
+
+    def _hello_until_welcome(self):
+        while not self.stop:
+            try:
+                return self.client.hello(timeout_s=10)
+            except LearnerGone:
+                self.say("waiting for the learner ...")
+        raise SystemExit(0)
+
+    def _apply_adapter(self, model, wait: bool, current: int = -1) -> int:
+        while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:
+            self.client.pump(50)
+        adapter = self.client.take_adapter()
+        if adapter is None or adapter.policy_version == current:
+            return current
+        set_adapter_weights(model, {name: to_mlx(array) for name, array in adapter.tensors.items()})
+        mx.eval(model.parameters())
+        return adapter.policy_version
+

@@ -1,0 +1,170 @@
+"""`artmlx learner`: the learner process of the pipeline.
+
+It binds the protocol's ROUTER socket, serves the run configuration to actors, buffers the groups
+they stream in, drops (and counts) groups whose policy version lags the current one by more than
+`max_staleness`, runs a GRPO update as soon as `groups_per_step` fresh groups are buffered,
+broadcasts the new adapter, evaluates and checkpoints periodically (with the ids of consumed
+groups, so a resumed learner recognises resends), and stops after `steps` updates. SIGINT/SIGTERM
+write a checkpoint first. Acknowledging a group only once it is consumed bounds the buffer to
+`max_in_flight` groups per actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..actor.rollout import RolloutEngine
+from ..config import TrainConfig
+from ..envs.base import make_env, outcomes_of
+from ..evaluate import evaluate
+from ..metrics import MetricsLog
+from ..model.policy import adapter_weights, fingerprint, load_policy, save_adapters
+from ..protocol.convert import message_to_group
+from ..protocol.hub import LearnerHub
+from ..protocol.sockets import LearnerSocket
+from ..train import lora_spec, prepare_run_dir, sampling_params
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .trainer import GRPOTrainer
+
+
+class LearnerService:
+    def __init__(self, config: TrainConfig, bind: str, keys: Path | None = None, insecure: bool = False,
+                 resume: bool = False, echo: bool = True):
+        self.config = config
+        self.run_dir = prepare_run_dir(config, resume)
+        mx.random.seed(config.seed)
+        self.spec = lora_spec(config)
+        self.model, tokenizer, self.trainable = load_policy(config.model, self.spec)
+        self.trainer = GRPOTrainer(self.model, config)
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
+        consumed: set[str] = set()
+        self.elapsed_before = 0.0
+        if resume:
+            extra = load_checkpoint(latest_checkpoint(self.run_dir), self.trainer)
+            consumed = set(extra.get("consumed", []))
+            self.elapsed_before = extra.get("time", 0.0)
+            self.log.truncate_after(self.trainer.step)
+        self.fingerprint = fingerprint(config.model, self.spec)
+        self.hub = LearnerHub(LearnerSocket(bind, keys=keys, insecure=insecure), dataclasses.asdict(config),
+                              self.fingerprint, max_in_flight=config.resolved_max_in_flight(), consumed=consumed)
+        self.hub.policy_version = self.trainer.policy_version
+        self.eval_engine = RolloutEngine(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                         sampling_params(config))
+        self.outcomes = outcomes_of(make_env(config.env, config.env_args))
+        self.buffer: list = []
+        self.stop_reason: str | None = None
+        self.echo = echo
+
+    @property
+    def address(self) -> str:
+        return self.hub.socket.address
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.started
+
+    def run(self) -> Path:
+        self.started = time.perf_counter() - self.elapsed_before
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda number, frame: self._request_stop(f"signal {number}"))
+        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
+        if self.echo:
+            print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
+                  f"{self.trainable:,} LoRA parameters", flush=True)
+        if self.trainer.step == 0 and self.config.eval_every:
+            self._evaluate()
+        window_start, idle = time.perf_counter(), 0.0
+        received_tokens = 0
+        try:
+            while self.trainer.step < self.config.steps and self.stop_reason is None:
+                waited = time.perf_counter()
+                for _, message in self.hub.poll(50):
+                    self.buffer.append(message)
+                    received_tokens += int(message.policy_mask.sum())
+                self._drop_stale()
+                if len(self.buffer) < self.config.groups_per_step:
+                    idle += time.perf_counter() - waited
+                    continue
+                idle += time.perf_counter() - waited
+                row = self._update()
+                span = time.perf_counter() - window_start
+                row.update(learner_idle_frac=idle / max(span, 1e-9), gen_tokens_per_s=received_tokens / max(span, 1e-9))
+                self.log.write(row)
+                window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
+                self._after_update()
+        finally:
+            self._finish()
+        return self.run_dir
+
+    def _request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+    def _drop_stale(self) -> None:
+        version, limit = self.trainer.policy_version, self.config.max_staleness
+        keep = []
+        for message in self.buffer:
+            if version - message.policy_version > limit:
+                self.hub.consume(message.group_id, "stale", f"sampled at v{message.policy_version}, learner at v{version}")
+            else:
+                keep.append(message)
+        self.buffer = keep
+
+    def _update(self) -> dict:
+        batch, self.buffer = self.buffer[: self.config.groups_per_step], self.buffer[self.config.groups_per_step:]
+        staleness = [self.trainer.policy_version - m.policy_version for m in batch]
+        groups = [message_to_group(m) for m in batch]
+        started = time.perf_counter()
+        stats = self.trainer.train_step(groups)
+        seconds = time.perf_counter() - started
+        for message in batch:
+            self.hub.consume(message.group_id, "trained")
+        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
+        tokens = sum(g.tokens for g in groups)
+        counts = self.hub.counts
+        return {
+            "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
+            "tokens": tokens, "train_seconds": seconds, "train_tokens_per_s": tokens / max(seconds, 1e-9),
+            "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
+            "groups_received": counts["received"], "groups_trained": counts["trained"],
+            "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
+            "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total,
+            "actors": len(self.hub.actors), "queue_depth": len(self.buffer),
+            **stats,
+        }
+
+    def _after_update(self) -> None:
+        step, config = self.trainer.step, self.config
+        if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
+            self._evaluate()
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            self._checkpoint()
+
+    def _evaluate(self) -> None:
+        row = evaluate(self.eval_engine, self.config.eval_episodes, self.outcomes,
+                       self.config.resolved_eval_temperature(), seed=self.config.seed)
+        self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version,
+                        "time": self._now(), **row})
+
+    def _checkpoint(self) -> None:
+        save_checkpoint(self.run_dir, self.trainer, self.spec, self.config.model,
+                        {"time": self._now(), "seed": self.config.seed, "consumed": sorted(self.hub.consumed)},
+                        keep=self.config.keep_checkpoints)
+        save_adapters(self.model, self.run_dir / "adapters", self.spec, self.config.model)
+
+    def _finish(self) -> None:
+        self._checkpoint()
+        reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
+        self.hub.shutdown(reason)
+        self.hub.poll(300)  # drain what is in flight; the socket's linger flushes the shutdowns
+        counts = self.hub.counts
+        self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
+                        "final": True, "groups_received": counts["received"], "groups_trained": counts["trained"],
+                        "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
+                        "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total,
+                        "groups_waiting": len(self.hub.waiting), "stop_reason": reason})
+        self.hub.socket.close()
