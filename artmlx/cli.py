@@ -27,8 +27,13 @@ def cli() -> None:
     """Reinforcement learning (GRPO) for LLM agents on MLX."""
 
 
-def _load_train_config(config_file, overrides, settings):
+def _load_train_config(config_file, overrides, settings, resume=False):
+    """Config file (on --resume: the run's own config.toml), then flags and --set on top."""
     from .config import load_config, parse_override
+
+    if resume and not config_file and overrides.get("out"):
+        run_config = Path(overrides["out"]) / "config.toml"
+        config_file = run_config if run_config.exists() else None
 
     values = dict(overrides)
     for item in settings:
@@ -62,7 +67,7 @@ def train(config_file, model, env, steps, seed, out, resume, settings):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings)
+                                                  "out": out}, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .train import train as run_training
@@ -98,7 +103,7 @@ def learner(bind, keys, insecure, config_file, model, env, steps, seed, out, res
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings)
+                                                  "out": out}, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .learner.service import LearnerService
@@ -135,7 +140,7 @@ def run(actors, config_file, model, env, steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings)
+                                                  "out": out}, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .launch import default_actor_count, run_pipeline

@@ -47,7 +47,7 @@ class ActorService:
 
     def run(self) -> str:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda number, frame: setattr(self, "stop", True))
+            signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
         welcome = self._hello_until_welcome()
         config = validate(TrainConfig(**welcome.run_config))
         model, tokenizer, _ = load_policy(config.model, lora_spec(config))
@@ -76,6 +76,11 @@ class ActorService:
         self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
         self.client.socket.close()
         return reason
+
+    def _request_stop(self, reason: str) -> None:
+        self.stop = True
+        if self.client.shutdown_reason is None:
+            self.client.shutdown_reason = reason  # also ends a wait for a window slot
 
     def _hello_until_welcome(self):
         while not self.stop:

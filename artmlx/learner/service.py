@@ -160,7 +160,6 @@ class LearnerService:
         self._checkpoint()
         reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
         self.hub.shutdown(reason)
-        self.hub.poll(300)  # drain what is in flight; the socket's linger flushes the shutdowns
         counts = self.hub.counts
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
                         "final": True, "groups_received": counts["received"], "groups_trained": counts["trained"],

@@ -118,6 +118,8 @@ class ActorClient:
                 self.hello()
         elif isinstance(message, Shutdown):
             self.shutdown_reason = message.reason or "learner shut down"
+            self.socket.send(Heartbeat(sender=self.name, session=self.session or "",
+                                       policy_version=self.policy_version, stats={"leaving": True}))
 
     def _resend_all(self) -> None:
         for group_id, frames in self.outbox.items():

@@ -11,6 +11,8 @@
 - Heartbeat: updates the actor's liveness, policy version and stats; the reply carries this
   learner's session id (a new one after a restart tells actors to say hello and resend) and, if
   the actor is behind, the adapter follows.
+- shutdown(): actors are told to stop and must confirm (a heartbeat with `leaving`) before the
+  learner closes its socket; until then any message from them is answered with shutdown again.
 - publish(): one encoding of the adapter, sent to every live actor without blocking; an actor whose
   queue was full gets it on its next heartbeat.
 """
@@ -58,6 +60,7 @@ class LearnerHub:
         self._adapter_frames: list | None = None
         self._next_index = 0
         self.counts = collections.Counter()
+        self.closing: str | None = None
 
     def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
         """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
@@ -87,6 +90,13 @@ class LearnerHub:
                                                  policy_version=self.policy_version))
             return None
         info.last_seen = time.monotonic()
+        if self.closing is not None:
+            # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
+            if isinstance(message, Heartbeat) and message.stats.get("leaving"):
+                del self.actors[identity]
+            else:
+                self.socket.send(identity, Shutdown(reason=self.closing))
+            return None
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, message.stats
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
@@ -180,7 +190,16 @@ class LearnerHub:
             self.counts["actors_lost"] += 1
             del self.actors[identity]
 
-    def shutdown(self, reason: str) -> None:
+    def shutdown(self, reason: str, drain_s: float = 5.0) -> None:
+        """Tell every actor to stop, and wait (up to `drain_s`) until each has said it is leaving.
+
+        ZeroMQ drops what a peer has not read yet when the connection closes, so the learner keeps
+        its socket open until actors confirm.
+        """
+        self.closing = reason
         for info in self.actors.values():
             self.socket.send(info.identity, Shutdown(reason=reason))
+        deadline = time.monotonic() + drain_s
+        while self.actors and time.monotonic() < deadline:
+            self.poll(50)
 

@@ -272,3 +272,22 @@ def test_kill_9_of_the_learner_process_then_restart(tmp_path):
         second.kill()
         second.wait(10)
         client.socket.close()
+
+
+def test_shutdown_reaches_a_busy_actor_before_the_learner_closes():
+    """ZeroMQ drops unread messages when a connection closes: the learner waits for a goodbye."""
+    import threading
+
+    hub = HubThread(hold=True, max_in_flight=1)
+    client = ActorClient(ActorSocket(hub.address), "busy", heartbeat_s=0.1)
+    client.hello("fp")
+    client.submit(make_group())
+    closer = threading.Thread(target=lambda: (time.sleep(0.5), hub.call(lambda h: h.shutdown("run finished"))))
+    closer.start()
+    time.sleep(1.0)  # the actor is busy (not reading) while the shutdown is sent
+    client.submit(make_group(), timeout_s=10)  # waits for a slot, hears the shutdown instead
+    closer.join()
+    assert client.shutdown_reason == "run finished"
+    assert wait_for(lambda: hub.call(lambda h: len(h.actors)) == 0, client)
+    client.socket.close()
+    hub.stop()

@@ -1,0 +1,116 @@
+"""The pipeline with real processes: `artmlx run`, actor crashes, learner crash and resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from artmlx.metrics import read_metrics
+
+SMALL = ["--set", "groups_per_step=4", "--set", "group_size=4", "--set", "actor_groups_per_batch=2",
+         "--set", "eval_episodes=20", "--set", "checkpoint_every=1"]
+
+
+def artmlx_process(*args, **kwargs):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "artmlx", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def children_of(pid):
+    try:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        pytest.skip("ps is not available")
+    return [int(p) for p in out.split()]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = open(f"/proc/{pid}/stat").read().split()[2] if os.path.exists(f"/proc/{pid}/stat") else "R"
+    return stat != "Z"
+
+
+def train_rows(run):
+    return [r for r in read_metrics(run) if "reward_mean" in r]
+
+
+@pytest.mark.slow
+def test_run_trains_and_leaves_no_processes(tmp_path):
+    run = tmp_path / "run"
+    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "3", "--set", "eval_every=3", *SMALL)
+    time.sleep(3)
+    children = children_of(launcher.pid)
+    output, _ = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, output
+    assert len(children) == 3
+    assert not [pid for pid in children if alive(pid)], "orphan processes left behind"
+    rows = train_rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("staleness_max", "staleness_mean", "groups_received", "groups_trained", "groups_stale",
+                "groups_rejected", "groups_duplicate", "actors", "learner_idle_frac", "gen_tokens_per_s",
+                "train_tokens_per_s"):
+        assert key in rows[-1], key
+    assert all(r["staleness_max"] <= 2 for r in rows)
+    final = read_metrics(run)[-1]
+    assert final.get("final") and final["groups_trained"] == 12
+    assert "actor-0" in output and "actor-1" in output
+    assert (run / "adapters" / "adapters.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_killed_actor_is_restarted_and_training_continues(tmp_path):
+    run = tmp_path / "run"
+    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "6", "--set", "eval_every=0", *SMALL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and train_rows(run)):
+        time.sleep(0.5)
+    actors = [pid for pid in children_of(launcher.pid)
+              if open(f"/proc/{pid}/cmdline").read().split("\0")[3] == "actor"]
+    os.kill(actors[0], signal.SIGKILL)
+    output, _ = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, output
+    assert "restarting it" in output
+    assert [r["step"] for r in train_rows(run)][-1] == 6
+
+
+@pytest.mark.slow
+def test_learner_kill_9_and_resume_with_running_actors(tmp_path):
+    run = tmp_path / "run"
+    port = subprocess.run([sys.executable, "-c", "from artmlx.launch import free_port; print(free_port())"],
+                          capture_output=True, text=True).stdout.strip()
+    address = f"tcp://127.0.0.1:{port}"
+    learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--set", "eval_every=0",
+                             *SMALL)
+    actor = artmlx_process("actor", "--connect", address, "--name", "steady")
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (run / "metrics.jsonl").exists() or len(train_rows(run)) < 3:
+            time.sleep(0.2)
+        learner.send_signal(signal.SIGKILL)
+        learner.communicate(timeout=30)
+        checkpoint = json.loads(sorted((run / "checkpoints").glob("step_*"))[-1].joinpath("trainer_state.json").read_text())
+        resumed = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--resume")
+        output, _ = resumed.communicate(timeout=600)
+        assert resumed.returncode == 0, output
+        actor_output, _ = actor.communicate(timeout=60)
+        assert actor.returncode == 0, actor_output
+    finally:
+        for process in (learner, actor):
+            if process.poll() is None:
+                process.kill()
+    rows = train_rows(run)
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(steps) and steps[-1] == 8 and len(steps) == len(set(steps))
+    first_resumed = [r for r in rows if r["step"] == checkpoint["step"] + 1][0]
+    assert first_resumed["policy_version"] == checkpoint["policy_version"] + 1
+    final = read_metrics(run)[-1]
+    assert final["final"] and final["groups_trained"] == 4 * (8 - checkpoint["step"])
+    assert "training finished" in actor_output
