@@ -100,7 +100,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
             "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
             "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t1 - t0, 1e-9),
-            "train_tokens_per_s": tokens / max(t2 - t1, 1e-9),
+            "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
             "outcomes": _count_outcomes(groups, outcomes),
             **stats,
         })

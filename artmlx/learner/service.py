@@ -128,7 +128,7 @@ class LearnerService:
         counts = self.hub.counts
         return {
             "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
-            "tokens": tokens, "train_seconds": seconds, "train_tokens_per_s": tokens / max(seconds, 1e-9),
+            "tokens": tokens, "train_seconds": seconds, "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
             "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
             "groups_received": counts["received"], "groups_trained": counts["trained"],
             "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],

@@ -91,6 +91,7 @@ class GRPOTrainer:
         return {
             **stats,
             "episodes_trained": len(data.episodes),
+            "tokens_trained": sum(len(e.tokens) for e in data.episodes),
             "policy_tokens": int(totals["tokens"]),
             "loss": totals["loss"],
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
