@@ -130,8 +130,7 @@ class LearnerHub:
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
                                            max_in_flight=self.max_in_flight, actor_index=info.index))
-        info.adapter_sent = -1
-        self._send_adapter(info)
+        self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
         self.counts["received"] += 1
