@@ -95,6 +95,8 @@ class LearnerService:
                 span = time.perf_counter() - window_start
                 row.update(learner_idle_frac=idle / max(span, 1e-9), gen_tokens_per_s=received_tokens / max(span, 1e-9))
                 self.log.write(row)
+                self.hub.extra_status = {"step": self.trainer.step, "run_dir": str(self.run_dir),
+                                         "steps": self.config.steps, "reward_mean": row["reward_mean"]}
                 window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
                 self._after_update()
         finally:

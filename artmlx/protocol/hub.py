@@ -25,8 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from .codec import encode
-from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, TrajectoryGroup,
-                       Welcome)
+from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
+                       StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket
 
 
@@ -61,6 +61,7 @@ class LearnerHub:
         self._next_index = 0
         self.counts = collections.Counter()
         self.closing: str | None = None
+        self.extra_status: dict = {}
 
     def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
         """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
@@ -81,6 +82,9 @@ class LearnerHub:
     def _handle(self, identity: bytes, message):
         if isinstance(message, Hello):
             self._hello(identity, message)
+            return None
+        if isinstance(message, StatusRequest):
+            self.socket.send(identity, StatusReply(state=self.status()))
             return None
         info = self.actors.get(identity)
         if info is None:
@@ -168,6 +172,16 @@ class LearnerHub:
         if info is not None:
             info.in_flight = max(0, info.in_flight - 1)
         self.socket.send(identity, Ack(group_id, status, reason))
+
+    def status(self) -> dict:
+        """What `artmlx status` prints: counters, and per actor its version, liveness and stats."""
+        now = time.monotonic()
+        actors = [{"name": a.name, "host": a.host, "policy_version": a.policy_version, "in_flight": a.in_flight,
+                   "seen_s_ago": round(now - a.last_seen, 1), "connected_s": round(now - a.joined, 1),
+                   "stats": a.stats} for a in self.actors.values()]
+        return {"session": self.session, "policy_version": self.policy_version, "fingerprint": self.fingerprint,
+                "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
+                "counts": dict(self.counts), "actors": actors, **self.extra_status}
 
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""

@@ -5,7 +5,7 @@ Every message travels in an envelope `{type, version, id, body}` (see `codec.py`
 side (decoded zero-copy from their ZeroMQ frame); `codec.to_mlx` turns one into an MLX array.
 
 Actor -> learner: Hello, TrajectoryGroup, Heartbeat.  Learner -> actor: Welcome, Refuse, Ack,
-AdapterUpdate, Shutdown.
+AdapterUpdate, Shutdown.  Any client -> learner: StatusRequest, answered by StatusReply.
 """
 
 from __future__ import annotations
@@ -154,7 +154,26 @@ class Shutdown:
     reason: str = ""
 
 
+@dataclass
+class StatusRequest:
+    """Anyone with access (keys, if the learner uses them) may ask for the learner's state."""
+
+    TYPE: ClassVar[str] = "status"
+    SCHEMA: ClassVar[dict] = {"sender": NAME}
+    sender: str = "status"
+
+
+@dataclass
+class StatusReply:
+    """The learner's state: step, policy version, counters, and the connected actors."""
+
+    TYPE: ClassVar[str] = "status_reply"
+    SCHEMA: ClassVar[dict] = {"state": ("dict",)}
+    state: dict
+
+
 MESSAGE_TYPES: dict[str, type] = {
-    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, TrajectoryGroup, Ack, AdapterUpdate, Heartbeat, Shutdown)
+    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, TrajectoryGroup, Ack, AdapterUpdate, Heartbeat, Shutdown,
+                              StatusRequest, StatusReply)
 }
 Message = Any

@@ -158,4 +158,5 @@ def test_garbage_and_hostile_headers_are_rejected():
 
 
 def test_every_type_is_registered():
-    assert set(MESSAGE_TYPES) == {"hello", "welcome", "refuse", "group", "ack", "adapter", "heartbeat", "shutdown"}
+    assert set(MESSAGE_TYPES) == {"hello", "welcome", "refuse", "group", "ack", "adapter", "heartbeat", "shutdown",
+                                  "status", "status_reply"}

@@ -291,3 +291,30 @@ def test_shutdown_reaches_a_busy_actor_before_the_learner_closes():
     assert wait_for(lambda: hub.call(lambda h: len(h.actors)) == 0, client)
     client.socket.close()
     hub.stop()
+
+
+def test_status_lists_connected_actors_by_name():
+    import subprocess
+    import sys
+
+    from artmlx.protocol.status import format_status, query_status
+
+    hub = HubThread()
+    client = ActorClient(ActorSocket(hub.address), "mac-mini-1", heartbeat_s=0.1)
+    client.hello("fp")
+    client.stats = {"gen_tokens_per_s": 123.0}
+    client.submit(make_group())
+    assert wait_for(lambda: not client.outbox, client)
+    client.pump(300)  # a heartbeat carries the stats
+    state = query_status(hub.address)
+    assert [a["name"] for a in state["actors"]] == ["mac-mini-1"]
+    assert state["counts"]["trained"] == 1 and state["fingerprint"] == "fp"
+    assert "mac-mini-1" in format_status(state)
+    printed = subprocess.run([sys.executable, "-m", "artmlx", "status", hub.address], capture_output=True, text=True,
+                             timeout=60)
+    assert printed.returncode == 0 and "mac-mini-1" in printed.stdout, printed.stderr
+    client.socket.close()
+    hub.stop()
+    silent = subprocess.run([sys.executable, "-m", "artmlx", "status", f"tcp://127.0.0.1:{free_port()}"],
+                            capture_output=True, text=True, timeout=60)
+    assert silent.returncode != 0 and "no answer" in silent.stderr

@@ -1,0 +1,37 @@
+"""`artmlx status`: ask a running learner for its state (needs no hello, only access)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .messages import StatusReply, StatusRequest
+from .sockets import ActorSocket
+
+
+def query_status(address: str, keys: Path | None = None, actor_key: str = "actor", timeout_s: float = 5.0) -> dict:
+    socket = ActorSocket(address, keys=keys, actor_key=actor_key, linger_ms=0)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            socket.send(StatusRequest())  # resent until the connection is up (no queueing before)
+            reply = socket.receive(200)
+            if isinstance(reply, StatusReply):
+                return reply.state
+        raise TimeoutError(f"no answer from a learner at {address} within {timeout_s:.0f} s "
+                           "(is it running? does it need --keys?)")
+    finally:
+        socket.close()
+
+
+def format_status(state: dict) -> str:
+    lines = [f"learner: step {state.get('step', '?')}, policy v{state['policy_version']}, "
+             f"{len(state['actors'])} actor(s), {state['waiting']} group(s) waiting, "
+             f"{state['rejected_messages']} message(s) rejected",
+             "groups: " + ", ".join(f"{k} {v}" for k, v in sorted(state["counts"].items()))]
+    for actor in sorted(state["actors"], key=lambda a: a["name"]):
+        rate = actor["stats"].get("gen_tokens_per_s")
+        lines.append(f"  {actor['name']:<20} {actor['host']:<16} v{actor['policy_version']:<5} "
+                     f"in flight {actor['in_flight']:<3} seen {actor['seen_s_ago']}s ago"
+                     + (f"  {rate:.0f} gen tok/s" if rate else ""))
+    return "\n".join(lines)
