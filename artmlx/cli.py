@@ -13,12 +13,16 @@ def _fail(error: Exception) -> None:
     raise click.ClickException(str(error))
 
 
-def main() -> None:
-    """Console entry point: pick the fast BLAS on Linux CPU, then run the command."""
+def _entry(command, prog_name: str | None = None) -> None:
+    """Console entry: pick the fast BLAS on Linux CPU, then run the click command."""
     from .fast_blas import reexec_with_fast_blas
 
     reexec_with_fast_blas()
-    cli()
+    command(prog_name=prog_name)
+
+
+def main() -> None:
+    _entry(cli, "artmlx")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,18 +84,12 @@ def train(config_file, model, env, steps, seed, out, resume, settings):
 
 def learner_main() -> None:
     """`artmlx-learner`: the same as `artmlx learner`."""
-    from .fast_blas import reexec_with_fast_blas
-
-    reexec_with_fast_blas()
-    learner(prog_name="artmlx-learner")
+    _entry(learner, "artmlx-learner")
 
 
 def actor_main() -> None:
     """`artmlx-actor`: the same as `artmlx actor`."""
-    from .fast_blas import reexec_with_fast_blas
-
-    reexec_with_fast_blas()
-    actor(prog_name="artmlx-actor")
+    _entry(actor, "artmlx-actor")
 
 
 @cli.command()

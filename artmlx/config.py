@@ -111,6 +111,12 @@ class TrainConfig:
 
         return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
+    def eval_due(self, step: int) -> bool:
+        return bool(self.eval_every) and (step % self.eval_every == 0 or step == self.steps)
+
+    def checkpoint_due(self, step: int) -> bool:
+        return step % self.checkpoint_every == 0 or step == self.steps
+
     def resolved_max_in_flight(self) -> int:
         return self.max_in_flight or self.groups_per_step + self.actor_groups_per_batch
 

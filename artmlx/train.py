@@ -104,15 +104,15 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             "outcomes": _count_outcomes(groups, outcomes),
             **stats,
         })
-        last = trainer.step == config.steps
-        if config.eval_every and (trainer.step % config.eval_every == 0 or last):
+        if config.eval_due(trainer.step):
             run_eval()
-        if trainer.step % config.checkpoint_every == 0 or last:
+        if config.checkpoint_due(trainer.step):
             save_checkpoint(run_dir, trainer, spec, config.model,
                             {"time": time.perf_counter() - started, "seed": config.seed},
                             keep=config.keep_checkpoints)
             save_adapters(model, run_dir / "adapters", spec, config.model)
-    save_adapters(model, run_dir / "adapters", spec, config.model)
+    if not (run_dir / "adapters").exists():  # a resumed run that had nothing left to do
+        save_adapters(model, run_dir / "adapters", spec, config.model)
     return run_dir
 
 

@@ -58,6 +58,7 @@ class LearnerService:
                                          sampling_params(config))
         self.outcomes = outcomes_of(make_env(config.env, config.env_args))
         self.buffer: list = []
+        self.checkpointed_step = self.trainer.step if resume else -1
         self.stop_reason: str | None = None
         self.echo = echo
 
@@ -126,24 +127,26 @@ class LearnerService:
         for message in batch:
             self.hub.consume(message.group_id, "trained")
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
-        tokens = sum(g.tokens for g in groups)
-        counts = self.hub.counts
         return {
             "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
-            "tokens": tokens, "train_seconds": seconds, "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
+            "tokens": sum(g.tokens for g in groups), "train_seconds": seconds,
+            "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
             "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
-            "groups_received": counts["received"], "groups_trained": counts["trained"],
-            "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
-            "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total,
-            "actors": len(self.hub.actors), "queue_depth": len(self.buffer),
+            **self._group_counts(), "actors": len(self.hub.actors), "queue_depth": len(self.buffer),
             **stats,
         }
 
+    def _group_counts(self) -> dict:
+        counts = self.hub.counts
+        return {"groups_received": counts["received"], "groups_trained": counts["trained"],
+                "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
+                "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total}
+
     def _after_update(self) -> None:
         step, config = self.trainer.step, self.config
-        if config.eval_every and (step % config.eval_every == 0 or step == config.steps):
+        if config.eval_due(step):
             self._evaluate()
-        if step % config.checkpoint_every == 0 or step == config.steps:
+        if config.checkpoint_due(step):
             self._checkpoint()
 
     def _evaluate(self) -> None:
@@ -153,19 +156,18 @@ class LearnerService:
                         "time": self._now(), **row})
 
     def _checkpoint(self) -> None:
+        self.checkpointed_step = self.trainer.step
         save_checkpoint(self.run_dir, self.trainer, self.spec, self.config.model,
                         {"time": self._now(), "seed": self.config.seed, "consumed": sorted(self.hub.consumed)},
                         keep=self.config.keep_checkpoints)
         save_adapters(self.model, self.run_dir / "adapters", self.spec, self.config.model)
 
     def _finish(self) -> None:
-        self._checkpoint()
+        if self.checkpointed_step != self.trainer.step:
+            self._checkpoint()
         reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
         self.hub.shutdown(reason)
-        counts = self.hub.counts
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
-                        "final": True, "groups_received": counts["received"], "groups_trained": counts["trained"],
-                        "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
-                        "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total,
-                        "groups_waiting": len(self.hub.waiting), "stop_reason": reason})
+                        "final": True, **self._group_counts(), "groups_waiting": len(self.hub.waiting),
+                        "stop_reason": reason})
         self.hub.socket.close()

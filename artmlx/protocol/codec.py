@@ -34,7 +34,6 @@ FLOAT_DTYPES = ("float16", "float32")
 class Limits:
     max_header_bytes: int = 1 << 20
     max_frames: int = 1024
-    max_frame_bytes: int = 256 << 20
     max_string: int = 1 << 16
     max_container: int = 1 << 16
     max_elements: int = 1 << 26
@@ -49,10 +48,9 @@ def _array_ref(value, frames: list) -> dict:
     if dtype == "bfloat16":
         import mlx.core as mx
 
-        data = np.asarray(value.view(mx.uint16))
-    else:
-        data = np.ascontiguousarray(np.asarray(value))
-    frames.append(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
+        value = value.view(mx.uint16)
+    data = np.ascontiguousarray(np.asarray(value))
+    frames.append(memoryview(data.reshape(-1).view(np.uint8)))
     return {"nd": len(frames), "dtype": dtype, "shape": list(data.shape)}
 
 
@@ -197,9 +195,9 @@ def _resolve_array(where, ref, frames, used, limits, dtypes, ndim):
     frame = frames[index]
     buffer = frame.buffer if hasattr(frame, "buffer") else frame
     np_dtype = np.dtype(WIRE_DTYPES[dtype])
-    if len(memoryview(buffer).cast("B")) != count * np_dtype.itemsize:
-        raise ProtocolError(f"{where}: frame holds {len(memoryview(buffer).cast('B'))} bytes, shape needs "
-                            f"{count * np_dtype.itemsize}")
+    size = memoryview(buffer).nbytes
+    if size != count * np_dtype.itemsize:
+        raise ProtocolError(f"{where}: frame holds {size} bytes, shape needs {count * np_dtype.itemsize}")
     used.add(index)
     array = np.frombuffer(buffer, dtype=np_dtype).reshape(shape)
     if dtype == "bool" and count and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
