@@ -61,6 +61,8 @@ def test_run_trains_and_leaves_no_processes(tmp_path):
     assert all(r["staleness_max"] <= 2 for r in rows)
     final = read_metrics(run)[-1]
     assert final.get("final") and final["groups_trained"] == 12
+    # The ledger: every group the actors sent is trained, stale, rejected, a duplicate or still unacknowledged.
+    assert final["groups_sent"] >= 12 and final["groups_unaccounted"] == 0, final
     assert "actor-0" in output and "actor-1" in output
     assert (run / "adapters" / "adapters.safetensors").exists()
 

@@ -69,7 +69,7 @@ class ActorService:
                 if self.client.shutdown_reason:
                     break
             batches += 1
-            self.client.stats = {"groups_sent": self.client.sent, "batches": batches,
+            self.client.stats = {"batches": batches,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9)}
             self.client.pump(0)
         reason = self.client.shutdown_reason or "stopped by signal"

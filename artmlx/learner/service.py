@@ -140,7 +140,7 @@ class LearnerService:
         counts = self.hub.counts
         return {"groups_received": counts["received"], "groups_trained": counts["trained"],
                 "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
-                "groups_rejected": counts["rejected"] + self.hub.socket.rejections.total}
+                "groups_rejected": counts["rejected"], "messages_rejected": self.hub.socket.rejections.total}
 
     def _after_update(self) -> None:
         step, config = self.trainer.step, self.config
@@ -168,6 +168,6 @@ class LearnerService:
         reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
         self.hub.shutdown(reason)
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
-                        "final": True, **self._group_counts(), "groups_waiting": len(self.hub.waiting),
+                        "final": True, **self._group_counts(), **self.hub.ledger(),
                         "stop_reason": reason})
         self.hub.socket.close()

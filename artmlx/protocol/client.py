@@ -76,6 +76,8 @@ class ActorClient:
             if time.monotonic() > deadline:
                 raise LearnerGone(f"no acknowledgement from the learner within {timeout_s:.0f} s")
             self.pump(50)
+        if self.shutdown_reason is not None:
+            return  # the learner is closing: a group sent now would go unanswered and break the ledger
         frames = encode(group)
         self.outbox[group.group_id] = frames
         self.sent += 1
@@ -88,7 +90,7 @@ class ActorClient:
         if now - self._last_heartbeat >= self.heartbeat_s:
             self._last_heartbeat = now
             self.socket.send(Heartbeat(sender=self.name, session=self.session or "",
-                                       policy_version=self.policy_version, stats=self.stats))
+                                       policy_version=self.policy_version, stats={**self.stats, **self.ledger()}))
         for group_id in list(self.unsent):
             if self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.discard(group_id)
@@ -118,8 +120,12 @@ class ActorClient:
                 self.hello()
         elif isinstance(message, Shutdown):
             self.shutdown_reason = message.reason or "learner shut down"
-            self.socket.send(Heartbeat(sender=self.name, session=self.session or "",
-                                       policy_version=self.policy_version, stats={"leaving": True}))
+            self.socket.send(Heartbeat(sender=self.name, session=self.session or "", policy_version=self.policy_version,
+                                       stats={**self.stats, **self.ledger(), "leaving": True}))
+
+    def ledger(self) -> dict:
+        """This actor's side of the run's group ledger (see LearnerHub.ledger)."""
+        return {"groups_sent": self.sent + self.resent, "groups_resent": self.resent, "groups_unacked": len(self.outbox)}
 
     def _resend_all(self) -> None:
         for group_id, frames in self.outbox.items():

@@ -11,8 +11,9 @@
 - Heartbeat: updates the actor's liveness, policy version and stats; the reply carries this
   learner's session id (a new one after a restart tells actors to say hello and resend) and, if
   the actor is behind, the adapter follows.
-- shutdown(): actors are told to stop and must confirm (a heartbeat with `leaving`) before the
-  learner closes its socket; until then any message from them is answered with shutdown again.
+- shutdown(): actors are told to stop and must confirm (a heartbeat with `leaving`, carrying their
+  final counts for `ledger()`) before the learner closes its socket; until then any message from
+  them is answered with shutdown again.
 - publish(): one encoding of the adapter, sent to every live actor without blocking; an actor whose
   queue was full gets it on its next heartbeat.
 """
@@ -62,6 +63,7 @@ class LearnerHub:
         self.counts = collections.Counter()
         self.closing: str | None = None
         self.extra_status: dict = {}
+        self.departed: list[dict] = []  # last stats of actors that left or were lost, for the ledger
 
     def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
         """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
@@ -97,6 +99,7 @@ class LearnerHub:
         if self.closing is not None:
             # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
             if isinstance(message, Heartbeat) and message.stats.get("leaving"):
+                self.departed.append(message.stats)
                 del self.actors[identity]
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
@@ -183,6 +186,22 @@ class LearnerHub:
                 "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
                 "counts": dict(self.counts), "actors": actors, **self.extra_status}
 
+    def ledger(self) -> dict:
+        """Where every group the actors sent ended up.
+
+        sent (resends included) = trained + stale + rejected + duplicate + in_flight, where in_flight is
+        what the actors still held unacknowledged. Actor numbers come from their last heartbeat (exact
+        for actors that left on shutdown, up to a heartbeat old for ones that were killed), so
+        `unaccounted` is 0 in a clean run and otherwise counts groups lost with a killed process.
+        Counts restart with a learner process, so after `--resume` the ledger covers this process only.
+        """
+        reports = self.departed + [info.stats for info in self.actors.values()]
+        sent = sum(int(r.get("groups_sent", 0)) for r in reports)
+        in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
+        settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
+        return {"groups_sent": sent, "groups_resent": sum(int(r.get("groups_resent", 0)) for r in reports),
+                "groups_in_flight": in_flight, "groups_unaccounted": sent - settled - in_flight}
+
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""
         self.policy_version = policy_version
@@ -201,7 +220,7 @@ class LearnerHub:
         cutoff = time.monotonic() - self.actor_timeout_s
         for identity in [i for i, info in self.actors.items() if info.last_seen < cutoff]:
             self.counts["actors_lost"] += 1
-            del self.actors[identity]
+            self.departed.append(self.actors.pop(identity).stats)
 
     def shutdown(self, reason: str, drain_s: float = 5.0) -> None:
         """Tell every actor to stop, and wait (up to `drain_s`) until each has said it is leaving.

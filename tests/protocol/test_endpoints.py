@@ -17,14 +17,15 @@ from artmlx.protocol.sockets import ActorSocket, LearnerSocket
 from tests.protocol.helpers import HubThread, make_group
 
 
-def wait_for(condition, client=None, timeout=10.0):
+def wait_for(condition, *clients, timeout=10.0):
+    """Pump the clients (or sleep) until condition() holds; False after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             return False
-        if client is not None:
+        for client in clients:
             client.pump(20)
-        else:
+        if not clients:
             time.sleep(0.02)
     return True
 
@@ -318,3 +319,38 @@ def test_status_lists_connected_actors_by_name():
     silent = subprocess.run([sys.executable, "-m", "artmlx", "status", f"tcp://127.0.0.1:{free_port()}"],
                             capture_output=True, text=True, timeout=60)
     assert silent.returncode != 0 and "no answer" in silent.stderr
+
+
+def test_ledger_accounts_for_every_group_sent():
+    """sent (resends included) = trained + stale + rejected + duplicate + still unacknowledged."""
+    import threading
+
+    hub = HubThread(hold=True, max_in_flight=8)
+    first = ActorClient(ActorSocket(hub.address), "first", heartbeat_s=0.1)
+    second = ActorClient(ActorSocket(hub.address), "second", heartbeat_s=0.1)
+    first.hello("fp")
+    second.hello("fp")
+    for _ in range(4):
+        first.submit(make_group())
+    first.submit(make_group(fingerprint="other-model"))  # rejected by the hub
+    for _ in range(3):
+        second.submit(make_group())
+    assert wait_for(lambda: len(hub.received) == 7 and first.acks["rejected"] == 1, first)
+    ids = [g.group_id for g in hub.received]
+    hub.call(lambda h: [h.consume(g, "trained") for g in ids[:3]] + [h.consume(ids[3], "stale")])
+    assert wait_for(lambda: sum(first.acks.values()) + sum(second.acks.values()) == 5, first, second)
+    first._resend_all()  # copies of what the hub still waits on count as duplicates
+    second._resend_all()
+    assert wait_for(lambda: hub.call(lambda h: h.counts["duplicate"]) == 3, first, second)
+
+    closer = threading.Thread(target=lambda: hub.call(lambda h: h.shutdown("done")))
+    closer.start()
+    assert wait_for(lambda: first.shutdown_reason and second.shutdown_reason, first, second)
+    closer.join()
+    ledger = hub.call(lambda h: h.ledger())
+    assert ledger == {"groups_sent": 11, "groups_resent": 3, "groups_in_flight": 3, "groups_unaccounted": 0}
+    first.submit(make_group())  # after shutdown nothing more is sent
+    assert first.sent == 5
+    first.socket.close()
+    second.socket.close()
+    hub.stop()
