@@ -96,8 +96,9 @@ def actor_main() -> None:
 @click.option("--bind", default="tcp://127.0.0.1:5555", show_default=True, help="Address actors connect to.")
 @click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder (`artmlx keygen`).")
 @click.option("--insecure", is_flag=True, help="Allow binding a network address without keys.")
+@click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @train_options
-def learner(bind, keys, insecure, config_file, model, env, steps, seed, out, resume, settings):
+def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, out, resume, settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
@@ -106,7 +107,8 @@ def learner(bind, keys, insecure, config_file, model, env, steps, seed, out, res
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .learner.service import LearnerService
 
-        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume).run()
+        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume,
+                                 live=False if plain else None).run()
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"learner done: {run_dir}")
@@ -133,8 +135,9 @@ def actor(connect, name, keys, actor_key):
 
 @cli.command()
 @click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 1).")
+@click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @train_options
-def run(actors, config_file, model, env, steps, seed, out, resume, settings):
+def run(actors, plain, config_file, model, env, steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
@@ -145,7 +148,7 @@ def run(actors, config_file, model, env, steps, seed, out, resume, settings):
 
         if actors is not None and actors < 1:
             raise ValueError(f"--actors must be >= 1, got {actors}")
-        code = run_pipeline(config, actors or default_actor_count(), resume)
+        code = run_pipeline(config, actors or default_actor_count(), resume, plain)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     sys.exit(code)

@@ -1,9 +1,10 @@
 """`artmlx run`: the learner and N actor processes on one machine, supervised.
 
-The learner binds a free loopback port; actors connect to it. An actor that dies is restarted (and
-logged); when the learner exits, actors are told to stop (SIGTERM) and are killed if they linger;
+The learner binds a free loopback port; actors connect to it. An actor that dies (non-zero exit) is
+restarted and logged; when the learner exits, actors are told to stop (SIGTERM) and are killed if they linger;
 Ctrl-C stops the learner first (it checkpoints) and then the actors. No process is left behind,
-and the exit status is the learner's.
+and the exit status is the learner's. On a terminal the learner draws its live view and the
+actors write to RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def default_actor_count() -> int:
     return max(1, ((os.cpu_count() or 2) - 1) // 2)
 
 
-def run_pipeline(config: TrainConfig, actors: int, resume: bool = False) -> int:
+def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False) -> int:
     run_dir = config.resolved_out()
     config.out = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -37,13 +38,23 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False) -> int:
     config_file.write_text(config_to_toml(config))
     address = f"tcp://127.0.0.1:{free_port()}"
     python = [sys.executable, "-m", "artmlx"]
-    learner_cmd = [*python, "learner", "--bind", address, "--config", str(config_file)] + (["--resume"] if resume else [])
+    live = sys.stdout.isatty() and not plain
+    learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
+                   + (["--resume"] if resume else []) + ([] if live else ["--plain"]))
     learner = subprocess.Popen(learner_cmd)
     actor_procs: dict[int, subprocess.Popen] = {}
     restarts = 0
+    logs = run_dir / "logs"
+    if live:
+        logs.mkdir(exist_ok=True)
 
     def start_actor(index: int) -> None:
-        actor_procs[index] = subprocess.Popen([*python, "actor", "--connect", address, "--name", f"actor-{index}"])
+        command = [*python, "actor", "--connect", address, "--name", f"actor-{index}"]
+        if live:  # keep the terminal to the learner's view; lines from a restarted actor are appended
+            with open(logs / f"actor-{index}.log", "a") as log:
+                actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        else:
+            actor_procs[index] = subprocess.Popen(command)
 
     for index in range(actors):
         start_actor(index)
@@ -51,10 +62,15 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False) -> int:
     try:
         while learner.poll() is None:
             for index, process in list(actor_procs.items()):
-                if process.poll() is not None:
+                # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
+                if process.poll() is not None and process.returncode != 0:
                     restarts += 1
-                    print(f"[run] actor-{index} exited with {process.returncode}; restarting it "
-                          f"({restarts} restarts)", flush=True)
+                    note = f"[run] actor-{index} exited with {process.returncode}; restarting it ({restarts} restarts)"
+                    if live:  # the terminal belongs to the learner's view (which counts lost actors)
+                        with open(logs / "run.log", "a") as log:
+                            print(note, file=log)
+                    else:
+                        print(note, flush=True)
                     start_actor(index)
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -6,11 +6,13 @@ they stream in, drops (and counts) groups whose policy version lags the current 
 broadcasts the new adapter, evaluates and checkpoints periodically (with the ids of consumed
 groups, so a resumed learner recognises resends), and stops after `steps` updates. SIGINT/SIGTERM
 write a checkpoint first. Acknowledging a group only once it is consumed bounds the buffer to
-`max_in_flight` groups per actor.
+`max_in_flight` groups per actor. On a terminal a live view (learner/view.py) shows the state that
+`artmlx status` prints; on a pipe the metrics rows are plain lines, with the status after each eval.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import signal
 import time
@@ -28,14 +30,16 @@ from ..model.policy import adapter_weights, fingerprint, load_policy, save_adapt
 from ..protocol.convert import message_to_group
 from ..protocol.hub import LearnerHub
 from ..protocol.sockets import LearnerSocket
+from ..protocol.status import format_status
 from ..train import lora_spec, prepare_run_dir, sampling_params
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .trainer import GRPOTrainer
+from .view import LiveView
 
 
 class LearnerService:
     def __init__(self, config: TrainConfig, bind: str, keys: Path | None = None, insecure: bool = False,
-                 resume: bool = False, echo: bool = True):
+                 resume: bool = False, echo: bool = True, live: bool | None = None):
         self.config = config
         self.run_dir = prepare_run_dir(config, resume)
         mx.random.seed(config.seed)
@@ -61,6 +65,8 @@ class LearnerService:
         self.checkpointed_step = self.trainer.step if resume else -1
         self.stop_reason: str | None = None
         self.echo = echo
+        self.view = LiveView(live=live if echo else False)
+        self.staleness_histogram: collections.Counter[str] = collections.Counter()
 
     @property
     def address(self) -> str:
@@ -70,7 +76,19 @@ class LearnerService:
         return time.perf_counter() - self.started
 
     def run(self) -> Path:
+        with self.view:
+            return self._run()
+
+    def _show(self, **fields) -> None:
+        """Update what the live view and `artmlx status` show, and redraw now."""
+        self.hub.extra_status.update(fields)
+        self.view.update(self.hub.status, force=True)
+
+    def _run(self) -> Path:
         self.started = time.perf_counter() - self.elapsed_before
+        self.hub.extra_status.update(run_dir=str(self.run_dir), steps=self.config.steps, step=self.trainer.step,
+                                     started_unix=time.time() - self.elapsed_before,
+                                     staleness_histogram=self.staleness_histogram)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda number, frame: self._request_stop(f"signal {number}"))
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
@@ -88,16 +106,19 @@ class LearnerService:
                     self.buffer.append(message)
                     received_tokens += int(message.policy_mask.sum())
                 self._drop_stale()
-                if len(self.buffer) < self.config.groups_per_step:
-                    idle += time.perf_counter() - waited
-                    continue
+                self.hub.extra_status["queue_depth"] = len(self.buffer)
                 idle += time.perf_counter() - waited
+                if len(self.buffer) < self.config.groups_per_step:
+                    self.hub.extra_status["phase"] = "waiting for groups"
+                    self.view.update(self.hub.status)
+                    continue
+                self._show(phase="training")
                 row = self._update()
                 span = time.perf_counter() - window_start
                 row.update(learner_idle_frac=idle / max(span, 1e-9), gen_tokens_per_s=received_tokens / max(span, 1e-9))
                 self.log.write(row)
-                self.hub.extra_status = {"step": self.trainer.step, "run_dir": str(self.run_dir),
-                                         "steps": self.config.steps, "reward_mean": row["reward_mean"]}
+                self.hub.extra_status.update({k: row[k] for k in (
+                    "step", "reward_mean", "learner_idle_frac", "gen_tokens_per_s", "train_tokens_per_s", "queue_depth")})
                 window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
                 self._after_update()
         finally:
@@ -120,6 +141,7 @@ class LearnerService:
     def _update(self) -> dict:
         batch, self.buffer = self.buffer[: self.config.groups_per_step], self.buffer[self.config.groups_per_step:]
         staleness = [self.trainer.policy_version - m.policy_version for m in batch]
+        self.staleness_histogram.update(str(lag) for lag in staleness)
         groups = [message_to_group(m) for m in batch]
         started = time.perf_counter()
         stats = self.trainer.train_step(groups)
@@ -150,12 +172,17 @@ class LearnerService:
             self._checkpoint()
 
     def _evaluate(self) -> None:
+        self._show(phase="evaluating")
         row = evaluate(self.eval_engine, self.config.eval_episodes, self.outcomes,
                        self.config.resolved_eval_temperature(), seed=self.config.seed)
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version,
                         "time": self._now(), **row})
+        self._show(eval_score=row["eval_score"], eval_step=self.trainer.step)
+        if self.echo and not self.view.live_enabled:
+            print(format_status(self.hub.status()), flush=True)
 
     def _checkpoint(self) -> None:
+        self._show(phase="checkpointing")
         self.checkpointed_step = self.trainer.step
         save_checkpoint(self.run_dir, self.trainer, self.spec, self.config.model,
                         {"time": self._now(), "seed": self.config.seed, "consumed": sorted(self.hub.consumed)},
@@ -166,7 +193,9 @@ class LearnerService:
         if self.checkpointed_step != self.trainer.step:
             self._checkpoint()
         reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
+        self._show(phase="stopping actors")
         self.hub.shutdown(reason)
+        self._show(phase=f"done: {reason}")
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
                         "final": True, **self._group_counts(), **self.hub.ledger(),
                         "stop_reason": reason})

@@ -24,11 +24,25 @@ def query_status(address: str, keys: Path | None = None, actor_key: str = "actor
         socket.close()
 
 
+def _figure(state: dict, key: str, spec: str) -> str:
+    value = state.get(key)
+    return "-" if value is None else format(value, spec)
+
+
 def format_status(state: dict) -> str:
-    lines = [f"learner: step {state.get('step', '?')}, policy v{state['policy_version']}, "
-             f"{len(state['actors'])} actor(s), {state['waiting']} group(s) waiting, "
-             f"{state['rejected_messages']} message(s) rejected",
+    """Plain-text status: the learner's state, group counters, staleness and each actor."""
+    lines = [(f"learner: step {state.get('step', '?')}/{state.get('steps', '?')}, policy v{state['policy_version']}, "
+              f"{state.get('phase', 'running')}, {len(state['actors'])} actor(s), {state['waiting']} group(s) waiting, "
+              f"{state['rejected_messages']} message(s) rejected"),
+             (f"reward {_figure(state, 'reward_mean', '+.3f')}, eval {_figure(state, 'eval_score', '.3f')}, "
+              f"gen {_figure(state, 'gen_tokens_per_s', ',.0f')} tok/s, "
+              f"train {_figure(state, 'train_tokens_per_s', ',.0f')} tok/s, "
+              f"queue {state.get('queue_depth', '-')}, idle {_figure(state, 'learner_idle_frac', '.0%')}"),
              "groups: " + ", ".join(f"{k} {v}" for k, v in sorted(state["counts"].items()))]
+    histogram = state.get("staleness_histogram")
+    if histogram:
+        lines.append("staleness of trained groups: " + ", ".join(
+            f"{lag}: {count}" for lag, count in sorted(histogram.items(), key=lambda item: int(item[0]))))
     for actor in sorted(state["actors"], key=lambda a: a["name"]):
         rate = actor["stats"].get("gen_tokens_per_s")
         lines.append(f"  {actor['name']:<20} {actor['host']:<16} v{actor['policy_version']:<5} "

@@ -24,6 +24,9 @@ def make_group(fingerprint="fp", version=0, episodes=2, length=6, group_id=None)
     )
 
 
+RUNNING: list["HubThread"] = []  # stopped after each test (tests/conftest.py), even a failed one
+
+
 class HubThread:
     """Runs hub.poll in a thread; groups that arrive are consumed as `trained` unless `hold`."""
 
@@ -38,6 +41,7 @@ class HubThread:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        RUNNING.append(self)
 
     @property
     def address(self):
@@ -64,6 +68,8 @@ class HubThread:
                 done.set()
 
     def stop(self):
+        if self in RUNNING:
+            RUNNING.remove(self)
         self._stop.set()
         self.thread.join(5)
         self.socket.close()
