@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .rope import portable_rope_wanted, use_portable_rope
 from .tiny import resolve_model
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
@@ -52,6 +53,8 @@ def load_base(model_name: str):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(resolve_model(model_name))
+    if portable_rope_wanted():
+        use_portable_rope(model)
     model.freeze()
     return model, tokenizer
 

@@ -1,0 +1,64 @@
+"""RoPE from plain MLX ops, for backends whose fused kernel fails.
+
+MLX 0.32.4's CUDA `mx.fast.rope` cannot launch for decode-shaped inputs with 128 or more rows
+(`(B >= 128, heads, 1, head_dim)` raises "cudaLaunchKernelExC ... invalid argument" on an H200),
+which is every batched rollout step. `PortableRoPE` computes the same rotation (mlx's default,
+non-traditional layout: the first and second halves of the rotated dimensions pair up; positions
+`offset + i` scaled by `scale`, frequencies `base ** (-2j / dims)`), with scalar or per-row array
+offsets as mlx-lm's caches pass them. It replaces plain `nn.RoPE` layers only (scaled variants such
+as Llama 3's keep their own class) and only on the CUDA backend, or when ARTMLX_PORTABLE_ROPE=1;
+the learner and the actors load models the same way, so both compute identical logprobs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+from mlx import nn
+
+
+class PortableRoPE(nn.Module):
+    def __init__(self, dims: int, traditional: bool = False, base: float = 10000.0, scale: float = 1.0):
+        super().__init__()
+        self.dims, self.traditional, self.base, self.scale = dims, traditional, base, scale
+
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        length = x.shape[-2]
+        half = self.dims // 2
+        inv_freq = self.base ** (-mx.arange(0, self.dims, 2, dtype=mx.float32) / self.dims)
+        positions = mx.arange(length, dtype=mx.float32)
+        if isinstance(offset, mx.array) and offset.ndim == 1:
+            # One offset per batch row: (B, 1, L, 1) positions against (B, heads, L, D) inputs.
+            positions = (offset.astype(mx.float32)[:, None] + positions[None, :])[:, None, :, None]
+        else:
+            positions = (positions + offset)[:, None]
+        theta = positions * self.scale * inv_freq
+        cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
+        rotated, rest = x[..., : self.dims], x[..., self.dims :]
+        if self.traditional:
+            even, odd = rotated[..., 0::2], rotated[..., 1::2]
+            out = mx.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(rotated.shape)
+        else:
+            first, second = rotated[..., :half], rotated[..., half:]
+            out = mx.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+        return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+def portable_rope_wanted() -> bool:
+    """On the CUDA backend (or when ARTMLX_PORTABLE_ROPE=1); ARTMLX_PORTABLE_ROPE=0 turns it off."""
+    forced = os.environ.get("ARTMLX_PORTABLE_ROPE")
+    if forced is not None:
+        return forced == "1"
+    return mx.default_device() == mx.gpu and hasattr(mx, "cuda") and mx.cuda.is_available()
+
+
+def use_portable_rope(model: nn.Module) -> int:
+    """Swap every plain nn.RoPE in `model` for PortableRoPE; returns how many were swapped."""
+    swapped = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if type(child) is nn.RoPE:
+                setattr(module, name, PortableRoPE(child.dims, child.traditional, child.base, child.scale))
+                swapped += 1
+    return swapped
