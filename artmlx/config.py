@@ -89,7 +89,7 @@ class TrainConfig:
     max_staleness: int = 2
     """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
     max_in_flight: int = 0
-    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means groups_per_step + actor_groups_per_batch, enough for one actor to fill an update."""
+    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one batch: ceil(groups_per_step / actors) + actor_groups_per_batch (`artmlx run` knows N actors; a standalone learner assumes 1)."""
     actor_groups_per_batch: int = 4
     """Pipeline: groups an actor generates in one batched rollout."""
 
@@ -117,8 +117,10 @@ class TrainConfig:
     def checkpoint_due(self, step: int) -> bool:
         return step % self.checkpoint_every == 0 or step == self.steps
 
-    def resolved_max_in_flight(self) -> int:
-        return self.max_in_flight or self.groups_per_step + self.actor_groups_per_batch
+    def resolved_max_in_flight(self, actors: int = 1) -> int:
+        # Capacity-based admission: all windows together hold about one update beyond the batches being
+        # generated, so actors never run far ahead of the learner and groups rarely age past 1 version.
+        return self.max_in_flight or -(-self.groups_per_step // max(1, actors)) + self.actor_groups_per_batch
 
     def resolved_eval_temperature(self) -> float:
         return self.temperature if self.eval_temperature < 0 else self.eval_temperature

@@ -33,11 +33,16 @@ def default_actor_count() -> int:
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False) -> int:
     run_dir = config.resolved_out()
     config.out = str(run_dir)
+    config.max_in_flight = config.resolved_max_in_flight(actors)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file = run_dir / "launch-config.toml"
     config_file.write_text(config_to_toml(config))
     address = f"tcp://127.0.0.1:{free_port()}"
     python = [sys.executable, "-m", "artmlx"]
+    if "OPENBLAS_NUM_THREADS" not in os.environ:
+        # N + 1 processes share the cores: OpenBLAS threads per process beyond its share only contend
+        # (measured on 2 cores: 8 updates with 2 actors took 48.7 s with default threads, 41.2 s with 1).
+        os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (actors + 1)))
     live = sys.stdout.isatty() and not plain
     learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
                    + (["--resume"] if resume else []) + ([] if live else ["--plain"]))

@@ -1,6 +1,6 @@
 import pytest
 
-from artmlx.config import FIELDS, config_to_toml, field_docs, load_config, parse_override
+from artmlx.config import FIELDS, TrainConfig, config_to_toml, field_docs, load_config, parse_override
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,11 @@ def test_every_field_is_documented():
     docs = field_docs()
     assert set(docs) == set(FIELDS)
     assert all(len(text) > 10 for text in docs.values())
+
+
+def test_actor_window_shares_one_update_between_the_actors():
+    config = TrainConfig(groups_per_step=16, actor_groups_per_batch=4)
+    assert config.resolved_max_in_flight() == 20
+    assert config.resolved_max_in_flight(2) == 12
+    assert config.resolved_max_in_flight(3) == 10  # ceil(16 / 3) + 4
+    assert TrainConfig(max_in_flight=5).resolved_max_in_flight(4) == 5
