@@ -134,7 +134,7 @@ def actor(connect, name, keys, actor_key):
 
 
 @cli.command()
-@click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 1).")
+@click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 2).")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @train_options
 def run(actors, plain, config_file, model, env, steps, seed, out, resume, settings):

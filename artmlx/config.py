@@ -92,6 +92,8 @@ class TrainConfig:
     """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one batch: ceil(groups_per_step / actors) + actor_groups_per_batch (`artmlx run` knows N actors; a standalone learner assumes 1)."""
     actor_groups_per_batch: int = 4
     """Pipeline: groups an actor generates in one batched rollout."""
+    actor_niceness: int = 10
+    """`artmlx run`: actors run this much below the learner's CPU priority (Unix nice), so the learner's update, the pipeline's critical path, is never starved on shared cores; 0 = same priority."""
 
     eval_every: int = 10
     """Evaluate every this many updates (and before the first and after the last); 0 disables."""
@@ -134,7 +136,7 @@ CHOICES = {
 POSITIVE = ("actor_groups_per_batch", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "max_batch_tokens", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 

@@ -99,7 +99,8 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             "step": trainer.step, "policy_version": trainer.policy_version, "time": t2 - started,
             "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
             "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
-            "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t1 - t0, 1e-9),
+            # Per wall second of the whole update, as the learner reports it, so both modes compare.
+            "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t2 - t0, 1e-9),
             "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
             "outcomes": _count_outcomes(groups, outcomes),
             **stats,

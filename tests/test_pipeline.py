@@ -48,6 +48,11 @@ def test_run_trains_and_leaves_no_processes(tmp_path):
     launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "3", "--set", "eval_every=3", *SMALL)
     time.sleep(3)
     children = children_of(launcher.pid)
+    roles = {pid: open(f"/proc/{pid}/cmdline").read().split("\0")[3] for pid in children}
+    priority = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in children}
+    learner = next(pid for pid, role in roles.items() if role == "learner")
+    # Actors yield the cores to the learner (actor_niceness, default 10).
+    assert all(priority[pid] == priority[learner] + 10 for pid, role in roles.items() if role == "actor")
     output, _ = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, output
     assert len(children) == 3

@@ -102,7 +102,8 @@ class LearnerService:
         try:
             while self.trainer.step < self.config.steps and self.stop_reason is None:
                 waited = time.perf_counter()
-                for _, message in self.hub.poll(50):
+                ready = len(self.buffer) >= self.config.groups_per_step  # then only take what is already here
+                for _, message in self.hub.poll(0 if ready else 50):
                     self.buffer.append(message)
                     received_tokens += int(message.policy_mask.sum())
                 self._drop_stale()
