@@ -38,7 +38,8 @@ def format_row(row: dict) -> str:
                 f"[{row['eval_score_ci_low']:.3f}, {row['eval_score_ci_high']:.3f}]  "
                 f"n={row['eval_episodes']}  {rates}")
     if "reward_mean" not in row:
-        return "final " + "  ".join(f"{k} {v}" for k, v in row.items() if k != "final")
+        return "final " + "  ".join(f"{k} {round(v, 1) if isinstance(v, float) else v}"
+                                    for k, v in row.items() if k != "final")
     text = (f"train step {row['step']:4d}  v{row['policy_version']}  reward {row['reward_mean']:+.3f}  "
             f"groups {row['groups']} (flat {row['groups_zero_variance']})  tokens {row['tokens']}  "
             f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  ")

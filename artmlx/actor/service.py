@@ -85,9 +85,14 @@ class ActorService:
     def _hello_until_welcome(self):
         while not self.stop:
             try:
-                return self.client.hello(timeout_s=10)
+                welcome = self.client.hello(timeout_s=10)
             except LearnerGone:
                 self.say("waiting for the learner ...")
+                continue
+            if welcome is None:
+                self.say(f"not joining: {self.client.shutdown_reason}")
+                break
+            return welcome
         raise SystemExit(0)
 
     def _apply_adapter(self, model, wait: bool, current: int = -1) -> int:

@@ -52,13 +52,15 @@ class ActorClient:
     def window(self) -> int:
         return self.welcome.max_in_flight if self.welcome else 1
 
-    def hello(self, fingerprint: str = "", timeout_s: float = 30.0) -> Welcome:
-        """Introduce this actor and wait for the learner's Welcome (raises ActorRefused / LearnerGone)."""
+    def hello(self, fingerprint: str = "", timeout_s: float = 30.0) -> Welcome | None:
+        """Introduce this actor and wait for the learner's Welcome (raises ActorRefused / LearnerGone).
+
+        Returns None if the learner answers with shutdown instead (its run is ending)."""
         self.fingerprint = fingerprint or self.fingerprint
         self.welcome = None
         deadline = time.monotonic() + timeout_s
         next_try = 0.0
-        while self.welcome is None:
+        while self.welcome is None and self.shutdown_reason is None:
             now = time.monotonic()
             if now > deadline:
                 raise LearnerGone(f"no Welcome from the learner within {timeout_s:.0f} s; is it running and reachable?")
@@ -115,9 +117,14 @@ class ActorClient:
             if self.adapter is None or message.policy_version >= self.adapter.policy_version:
                 self.adapter = message
         elif isinstance(message, Heartbeat):
-            if answer_session and self.session is not None and message.session != self.session:
-                # The learner restarted: introduce ourselves again, then resend what it never acknowledged.
+            if (answer_session and self.shutdown_reason is None and self.session is not None
+                    and message.session != self.session):
+                # The learner restarted (new session; Welcome resends) or forgot us (empty session, same
+                # learner): introduce ourselves again and resend what it never acknowledged.
+                previous = self.session
                 self.hello()
+                if self.session == previous:
+                    self._resend_all()
         elif isinstance(message, Shutdown):
             self.shutdown_reason = message.reason or "learner shut down"
             self.socket.send(Heartbeat(sender=self.name, session=self.session or "", policy_version=self.policy_version,

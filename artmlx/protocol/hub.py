@@ -10,7 +10,9 @@
   learner back-pressures actors instead of buffering without bound.
 - Heartbeat: updates the actor's liveness, policy version and stats; the reply carries this
   learner's session id (a new one after a restart tells actors to say hello and resend) and, if
-  the actor is behind, the adapter follows.
+  the actor is behind, the adapter follows. An actor silent for `actor_timeout_s` of the hub's
+  listening time is dropped; anything later from it is answered with an empty session (REJOIN), on
+  which it says hello again and resends its unacknowledged groups.
 - shutdown(): actors are told to stop and must confirm (a heartbeat with `leaving`, carrying their
   final counts for `ledger()`) before the learner closes its socket; until then any message from
   them is answered with shutdown again.
@@ -30,6 +32,8 @@ from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, R
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket
 
+REJOIN = ""  # the session a learner answers an actor it does not know with
+
 
 @dataclass
 class ActorInfo:
@@ -43,11 +47,12 @@ class ActorInfo:
     adapter_sent: int = -1
     stats: dict = field(default_factory=dict)
     in_flight: int = 0
+    heard: float = 0.0  # the hub's listening clock when this actor was last heard
 
 
 class LearnerHub:
     def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str, max_in_flight: int = 4,
-                 actor_timeout_s: float = 10.0, consumed: set[str] | None = None):
+                 actor_timeout_s: float = 60.0, consumed: set[str] | None = None):
         self.socket = socket
         self.run_config = run_config
         self.fingerprint = fingerprint
@@ -63,43 +68,60 @@ class LearnerHub:
         self.counts = collections.Counter()
         self.closing: str | None = None
         self.extra_status: dict = {}
-        self.departed: list[dict] = []  # last stats of actors that left or were lost, for the ledger
+        self.departed: dict[bytes, dict] = {}  # last stats of actors that left or were lost, for the ledger
+        # Seconds spent inside poll(): silence is only held against an actor while the hub listened,
+        # so a learner busy for longer than the timeout (a long eval) does not lose its actors.
+        self._listened = 0.0
+        self._poll_started: float | None = None
 
     def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
         """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
-        deadline = time.monotonic() + timeout_ms / 1000
+        self._poll_started = time.monotonic()
+        deadline = self._poll_started + timeout_ms / 1000
         groups = []
-        while True:
-            remaining = max(0, int((deadline - time.monotonic()) * 1000))
-            received = self.socket.receive(remaining if not groups else 0)
-            if received is None:
-                break
-            identity, message = received
-            group = self._handle(identity, message)
-            if group is not None:
-                groups.append(group)
+        try:
+            while True:
+                remaining = max(0, int((deadline - time.monotonic()) * 1000))
+                received = self.socket.receive(remaining if not groups else 0)
+                if received is None:
+                    break
+                identity, message = received
+                group = self._handle(identity, message)
+                if group is not None:
+                    groups.append(group)
+        finally:
+            self._listened += time.monotonic() - self._poll_started
+            self._poll_started = None
         self._expire()
         return groups
 
+    def _listening_clock(self) -> float:
+        inside = time.monotonic() - self._poll_started if self._poll_started is not None else 0.0
+        return self._listened + inside
+
     def _handle(self, identity: bytes, message):
         if isinstance(message, Hello):
-            self._hello(identity, message)
+            if self.closing is not None:  # no (re)joining a run that is ending
+                self.socket.send(identity, Shutdown(reason=self.closing))
+            else:
+                self._hello(identity, message)
             return None
         if isinstance(message, StatusRequest):
             self.socket.send(identity, StatusReply(state=self.status()))
             return None
         info = self.actors.get(identity)
         if info is None:
-            # Unknown actor (e.g. this learner restarted): tell it our session so it says hello again.
+            # Unknown actor (this learner restarted, or it expired the actor): an empty session asks it
+            # to say hello again and resend what it holds unacknowledged.
             self.counts["unknown_actor"] += 1
-            self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
+            self.socket.send(identity, Heartbeat(sender="learner", session=REJOIN,
                                                  policy_version=self.policy_version))
             return None
-        info.last_seen = time.monotonic()
+        info.last_seen, info.heard = time.monotonic(), self._listening_clock()
         if self.closing is not None:
             # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
             if isinstance(message, Heartbeat) and message.stats.get("leaving"):
-                self.departed.append(message.stats)
+                self.departed[identity] = message.stats
                 del self.actors[identity]
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
@@ -133,7 +155,8 @@ class LearnerHub:
             info = ActorInfo(identity, hello.actor, hello.host, self._next_index, now, now)
             self._next_index += 1
             self.actors[identity] = info
-        info.last_seen = now
+            self.departed.pop(identity, None)  # an expired actor rejoining: its counts are current again
+        info.last_seen, info.heard = now, self._listening_clock()
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
                                            max_in_flight=self.max_in_flight, actor_index=info.index))
@@ -195,7 +218,7 @@ class LearnerHub:
         `unaccounted` is 0 in a clean run and otherwise counts groups lost with a killed process.
         Counts restart with a learner process, so after `--resume` the ledger covers this process only.
         """
-        reports = self.departed + [info.stats for info in self.actors.values()]
+        reports = [*self.departed.values(), *(info.stats for info in self.actors.values())]
         sent = sum(int(r.get("groups_sent", 0)) for r in reports)
         in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
         settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
@@ -217,10 +240,10 @@ class LearnerHub:
         return False
 
     def _expire(self) -> None:
-        cutoff = time.monotonic() - self.actor_timeout_s
-        for identity in [i for i, info in self.actors.items() if info.last_seen < cutoff]:
+        cutoff = self._listening_clock() - self.actor_timeout_s
+        for identity in [i for i, info in self.actors.items() if info.heard < cutoff]:
             self.counts["actors_lost"] += 1
-            self.departed.append(self.actors.pop(identity).stats)
+            self.departed[identity] = self.actors.pop(identity).stats
 
     def shutdown(self, reason: str, drain_s: float = 5.0) -> None:
         """Tell every actor to stop, and wait (up to `drain_s`) until each has said it is leaving.

@@ -38,7 +38,7 @@ def format_status(state: dict) -> str:
               f"gen {_figure(state, 'gen_tokens_per_s', ',.0f')} tok/s, "
               f"train {_figure(state, 'train_tokens_per_s', ',.0f')} tok/s, "
               f"queue {state.get('queue_depth', '-')}, idle {_figure(state, 'learner_idle_frac', '.0%')}"),
-             "groups: " + ", ".join(f"{k} {v}" for k, v in sorted(state["counts"].items()))]
+             "groups: " + (", ".join(f"{k} {v}" for k, v in sorted(state["counts"].items())) or "none yet")]
     histogram = state.get("staleness_histogram")
     if histogram:
         lines.append("staleness of trained groups: " + ", ".join(

@@ -354,3 +354,50 @@ def test_ledger_accounts_for_every_group_sent():
     first.socket.close()
     second.socket.close()
     hub.stop()
+
+
+def test_a_busy_learner_does_not_lose_its_actors():
+    """Silence counts only while the hub listens: a learner busy evaluating while its actor is busy
+    generating (neither talks) must not drop the actor."""
+    import threading
+
+    hub = HubThread(actor_timeout_s=0.5)
+    client = ActorClient(ActorSocket(hub.address), "patient", heartbeat_s=0.1)
+    client.hello("fp")
+    busy = threading.Thread(target=lambda: hub.call(lambda h: time.sleep(1.5)))
+    busy.start()
+    time.sleep(1.6)  # the actor is silent too (generating)
+    busy.join()
+    wait_for(lambda: False, client, timeout=0.3)
+    assert hub.call(lambda h: (len(h.actors), h.counts["actors_lost"])) == (1, 0)
+    client.socket.close()
+    hub.stop()
+
+
+def test_an_expired_actor_rejoins_and_resends():
+    hub = HubThread(actor_timeout_s=0.5)
+    client = ActorClient(ActorSocket(hub.address), "sleepy", heartbeat_s=0.1)
+    client.hello("fp")
+    time.sleep(1.5)  # the actor is silent while the hub listens: it is dropped
+    assert wait_for(lambda: hub.call(lambda h: h.counts["actors_lost"]) == 1)
+    client.submit(make_group())  # the hub does not know this actor any more
+    assert wait_for(lambda: not client.outbox, client)
+    assert client.acks["trained"] == 1 and client.resent == 1
+    assert hub.call(lambda h: len(h.actors)) == 1
+    client.socket.close()
+    hub.stop()
+
+
+def test_an_actor_joining_a_closing_learner_is_told_to_stop():
+    import threading
+
+    hub = HubThread()
+    closer = threading.Thread(target=lambda: hub.call(lambda h: h.shutdown("run finished", drain_s=3.0)))
+    closer.start()
+    time.sleep(0.3)
+    late = ActorClient(ActorSocket(hub.address), "late", heartbeat_s=0.1)
+    assert late.hello("fp", timeout_s=5) is None and late.shutdown_reason == "run finished"
+    closer.join()
+    assert hub.call(lambda h: len(h.actors)) == 0
+    late.socket.close()
+    hub.stop()
