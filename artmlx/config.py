@@ -89,7 +89,7 @@ class TrainConfig:
     max_staleness: int = 2
     """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
     max_in_flight: int = 0
-    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one batch: ceil(groups_per_step / actors) + actor_groups_per_batch (`artmlx run` knows N actors; a standalone learner assumes 1)."""
+    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one batch, ceil(groups_per_step / live actors) + actor_groups_per_batch, re-sized as actors come and go."""
     actor_groups_per_batch: int = 4
     """Pipeline: groups an actor generates in one batched rollout."""
     actor_niceness: int = 10

@@ -2,12 +2,12 @@
 
 The learner binds a free loopback port; actors connect to it at lower CPU priority
 (`actor_niceness`) and every process gets its share of the cores for OpenBLAS, so the learner's
-update, the critical path, is never starved; their windows share one update between them
-(capacity-based admission). An actor that dies (non-zero exit) is restarted and logged; when the
-learner exits, actors are told to stop (SIGTERM) and are killed if they linger; Ctrl-C stops the
-learner first (it checkpoints) and then the actors. No process is left behind, and the exit status
-is the learner's. On a terminal the learner draws its live view and the actors write to
-RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
+update, the critical path, is never starved; the hub sizes their windows to share one update
+between them (capacity-based admission). An actor that dies (non-zero exit) is restarted and
+logged; when the learner exits, actors are told to stop (SIGTERM) and are killed if they linger;
+Ctrl-C stops the learner first (it checkpoints) and then the actors. No process is left behind,
+and the exit status is the learner's. On a terminal the learner draws its live view and the
+actors write to RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ def default_actor_count() -> int:
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False) -> int:
     run_dir = config.resolved_out()
     config.out = str(run_dir)
-    config.max_in_flight = config.resolved_max_in_flight(actors)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file = run_dir / "launch-config.toml"
     config_file.write_text(config_to_toml(config))

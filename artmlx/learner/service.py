@@ -56,7 +56,7 @@ class LearnerService:
             self.log.truncate_after(self.trainer.step)
         self.fingerprint = fingerprint(config.model, self.spec)
         self.hub = LearnerHub(LearnerSocket(bind, keys=keys, insecure=insecure), dataclasses.asdict(config),
-                              self.fingerprint, max_in_flight=config.resolved_max_in_flight(), consumed=consumed)
+                              self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed)
         self.hub.policy_version = self.trainer.policy_version
         self.eval_engine = RolloutEngine(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
                                          sampling_params(config))

@@ -1,8 +1,9 @@
 """The actor's side of the protocol: hello, a bounded window of unacknowledged groups, resends.
 
 The actor keeps every group it sent until the learner acknowledges it (trained, stale, rejected
-or duplicate). At most `max_in_flight` (from the learner's Welcome) are unacknowledged at once;
-`submit()` waits for a free slot, so a slow learner slows actors down. Heartbeats go out every
+or duplicate). At most `max_in_flight` (from the learner's Welcome, then the `window` in its
+heartbeats) are unacknowledged at once; `submit()` waits for a free slot, so a slow learner slows
+actors down. Heartbeats go out every
 `heartbeat_s`; the learner answers with its session id. A different session id means the learner
 restarted: the actor says hello again and resends every unacknowledged group (the learner drops
 the ones it had already consumed). Adapter updates are conflated: only the newest is kept.
@@ -18,6 +19,9 @@ from .. import __version__
 from .codec import encode
 from .messages import Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, TrajectoryGroup, Welcome
 from .sockets import ActorSocket
+
+
+MAX_WINDOW = 1 << 16  # a window the learner could sensibly ask for; anything else is ignored
 
 
 class ActorRefused(RuntimeError):
@@ -117,6 +121,9 @@ class ActorClient:
             if self.adapter is None or message.policy_version >= self.adapter.policy_version:
                 self.adapter = message
         elif isinstance(message, Heartbeat):
+            window = message.stats.get("window")
+            if self.welcome is not None and isinstance(window, int) and 1 <= window <= MAX_WINDOW:
+                self.welcome.max_in_flight = window  # the learner re-sizes windows as actors come and go
             if (answer_session and self.shutdown_reason is None and self.session is not None
                     and message.session != self.session):
                 # The learner restarted (new session; Welcome resends) or forgot us (empty session, same

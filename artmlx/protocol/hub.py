@@ -1,7 +1,8 @@
 """The learner's side of the protocol: who is connected, which groups are in, what to resend.
 
 - Hello: version and fingerprint are checked (a mismatch is refused with the reason); the actor
-  gets the run configuration, its flow-control window (`max_in_flight`) and at once the current
+  gets the run configuration, its flow-control window (`max_in_flight`: a number, or a function of
+  the number of live actors, re-sent in every heartbeat reply as `window`) and at once the current
   adapter, so a late or reconnecting actor never samples from a stale policy.
 - TrajectoryGroup: a group id already consumed is acknowledged as `duplicate` and dropped; one
   already waiting is not queued twice; a group with a wrong fingerprint or a policy version from
@@ -25,6 +26,7 @@ from __future__ import annotations
 import collections
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .codec import encode
@@ -51,7 +53,8 @@ class ActorInfo:
 
 
 class LearnerHub:
-    def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str, max_in_flight: int = 4,
+    def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str,
+                 max_in_flight: int | Callable[[int], int] = 4,
                  actor_timeout_s: float = 60.0, consumed: set[str] | None = None):
         self.socket = socket
         self.run_config = run_config
@@ -129,7 +132,7 @@ class LearnerHub:
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, message.stats
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
-                                                 policy_version=self.policy_version))
+                                                 policy_version=self.policy_version, stats={"window": self.window()}))
             if info.adapter_sent < self.policy_version:
                 self._send_adapter(info)
             return None
@@ -159,7 +162,7 @@ class LearnerHub:
         info.last_seen, info.heard = now, self._listening_clock()
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
-                                           max_in_flight=self.max_in_flight, actor_index=info.index))
+                                           max_in_flight=self.window(), actor_index=info.index))
         self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
@@ -199,6 +202,12 @@ class LearnerHub:
             info.in_flight = max(0, info.in_flight - 1)
         self.socket.send(identity, Ack(group_id, status, reason))
 
+    def window(self) -> int:
+        """Each actor's flow-control window now (it shrinks as actors join: capacity-based admission)."""
+        if callable(self.max_in_flight):
+            return max(1, int(self.max_in_flight(max(1, len(self.actors)))))
+        return self.max_in_flight
+
     def status(self) -> dict:
         """What `artmlx status` prints: counters, and per actor its version, liveness and stats."""
         now = time.monotonic()
@@ -206,7 +215,7 @@ class LearnerHub:
                    "seen_s_ago": round(now - a.last_seen, 1), "connected_s": round(now - a.joined, 1),
                    "stats": a.stats} for a in self.actors.values()]
         return {"session": self.session, "policy_version": self.policy_version, "fingerprint": self.fingerprint,
-                "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
+                "window": self.window(), "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
                 "counts": dict(self.counts), "actors": actors, **self.extra_status}
 
     def ledger(self) -> dict:

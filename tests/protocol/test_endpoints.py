@@ -401,3 +401,17 @@ def test_an_actor_joining_a_closing_learner_is_told_to_stop():
     assert hub.call(lambda h: len(h.actors)) == 0
     late.socket.close()
     hub.stop()
+
+
+def test_windows_shrink_as_actors_join():
+    """Capacity-based admission: one update (8 groups) shared between the live actors, plus a batch of 2."""
+    hub = HubThread(max_in_flight=lambda actors: -(-8 // actors) + 2)
+    first = ActorClient(ActorSocket(hub.address), "first", heartbeat_s=0.05)
+    assert first.hello("fp").max_in_flight == 10 and first.window == 10
+    second = ActorClient(ActorSocket(hub.address), "second", heartbeat_s=0.05)
+    assert second.hello("fp").max_in_flight == 6
+    assert wait_for(lambda: first.window == 6, first)
+    assert hub.call(lambda h: h.status()["window"]) == 6
+    first.socket.close()
+    second.socket.close()
+    hub.stop()
