@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from artmlx.launch import free_port
 from artmlx.metrics import read_metrics
 
 SMALL = ["--set", "groups_per_step=4", "--set", "group_size=4", "--set", "actor_groups_per_batch=2",
@@ -91,9 +92,7 @@ def test_killed_actor_is_restarted_and_training_continues(tmp_path):
 @pytest.mark.slow
 def test_learner_kill_9_and_resume_with_running_actors(tmp_path):
     run = tmp_path / "run"
-    port = subprocess.run([sys.executable, "-c", "from artmlx.launch import free_port; print(free_port())"],
-                          capture_output=True, text=True).stdout.strip()
-    address = f"tcp://127.0.0.1:{port}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--set", "eval_every=0",
                              *SMALL)
     actor = artmlx_process("actor", "--connect", address, "--name", "steady")

@@ -1,6 +1,7 @@
 """Loopback fixtures for protocol tests: a hub serviced by a background thread, and groups."""
 
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -8,6 +9,19 @@ import numpy as np
 from artmlx.protocol.hub import LearnerHub
 from artmlx.protocol.messages import TrajectoryGroup
 from artmlx.protocol.sockets import LearnerSocket
+
+
+def wait_for(condition, *clients, timeout=10.0):
+    """Pump the clients (or sleep) until condition() holds; False after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        for client in clients:
+            client.pump(20)
+        if not clients:
+            time.sleep(0.02)
+    return True
 
 
 def make_group(fingerprint="fp", version=0, episodes=2, length=6, group_id=None):

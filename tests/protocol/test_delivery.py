@@ -1,0 +1,163 @@
+"""Delivery on live loopback endpoints: adapters to joiners, windows, resends after restarts, the ledger."""
+
+import numpy as np
+import pytest
+
+from artmlx.launch import free_port
+from artmlx.protocol.client import ActorClient, LearnerGone
+from artmlx.protocol.codec import encode
+from artmlx.protocol.sockets import ActorSocket
+from tests.protocol.helpers import HubThread, make_group, wait_for
+
+
+def test_late_joiner_gets_the_current_adapter_at_once():
+    hub = HubThread()
+    hub.call(lambda h: h.publish(3, {"w": np.full((8, 8), 3.0, np.float32)}))
+    client = ActorClient(ActorSocket(hub.address), "late")
+    welcome = client.hello("fp")
+    assert welcome.policy_version == 3
+    assert wait_for(lambda: client.adapter is not None, client)
+    assert client.adapter.policy_version == 3 and float(client.adapter.tensors["w"].sum()) == 192.0
+    client.socket.close()
+    hub.stop()
+
+
+def test_window_limits_unacknowledged_groups():
+    hub = HubThread(hold=True, max_in_flight=2)
+    client = ActorClient(ActorSocket(hub.address), "a")
+    client.hello("fp")
+    client.submit(make_group())
+    client.submit(make_group())
+    with pytest.raises(LearnerGone):
+        client.submit(make_group(), timeout_s=0.5)  # the learner holds both: no slot frees up
+    assert wait_for(lambda: len(hub.received) == 2, client)
+    hub.call(lambda h: h.consume(hub.received[0].group_id, "trained"))
+    assert wait_for(lambda: len(client.outbox) == 1, client)
+    client.socket.close()
+    hub.stop()
+
+
+def test_learner_restart_resends_unacknowledged_groups_without_double_counting():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    first = HubThread(bind=address, hold=True)
+    client = ActorClient(ActorSocket(address), "a", heartbeat_s=0.1)
+    client.hello("fp")
+    ids = [make_group().group_id for _ in range(4)]
+    for group_id in ids:
+        client.submit(make_group(group_id=group_id))
+    assert wait_for(lambda: len(first.received) == 4, client)
+    # The first learner trains two groups, then dies before consuming the rest.
+    for group_id in ids[:2]:
+        first.call(lambda h, g=group_id: h.consume(g, "trained"))
+    assert wait_for(lambda: len(client.outbox) == 2, client)
+    consumed = first.call(lambda h: set(h.consumed))
+    first.stop()
+
+    # An ack that was lost: pretend the actor never heard about ids[1].
+    client.outbox[ids[1]] = encode(make_group(group_id=ids[1]))
+    second = HubThread(bind=address, consumed=consumed)
+    assert wait_for(lambda: not client.outbox, client, timeout=20)
+    assert sorted(g.group_id for g in second.received) == sorted(ids[2:])
+    assert client.acks["duplicate"] == 1 and client.acks["trained"] == 4
+    assert second.call(lambda h: h.counts["duplicate"]) == 1
+    client.socket.close()
+    second.stop()
+
+
+def test_kill_9_of_the_learner_process_then_restart(tmp_path):
+    """A learner process dies holding groups; its successor gets them resent, none twice."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    state = tmp_path / "state.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+
+    def start(*extra):
+        return subprocess.Popen([sys.executable, "-m", "tests.protocol.hub_process", address, str(state), *extra],
+                                env=env)
+
+    def read_state():
+        try:
+            return json.loads(state.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    first = start("--hold-after", "2")
+    client = ActorClient(ActorSocket(address), "a", heartbeat_s=0.1)
+    client.hello("fp", timeout_s=60)
+    first_session = client.session
+    for _ in range(6):
+        client.submit(make_group(), timeout_s=60)
+    assert wait_for(lambda: (read_state() or {}).get("received", []).__len__() == 6, client, timeout=30)
+    assert client.acks["trained"] == 2 and len(client.outbox) == 4
+    held = set(client.outbox)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+
+    second = start()
+    try:
+        assert wait_for(lambda: not client.outbox, client, timeout=60)
+        # The hub writes its state right after acknowledging; give it that moment.
+        assert wait_for(lambda: len((read_state() or {}).get("consumed", [])) == 6, timeout=10)
+        final = read_state()
+        assert client.session != first_session
+        assert set(final["received"]) == held
+        assert client.acks["trained"] == 6 and client.resent >= 4
+        assert len(final["consumed"]) == 6
+    finally:
+        second.kill()
+        second.wait(10)
+        client.socket.close()
+
+
+def test_ledger_accounts_for_every_group_sent():
+    """sent (resends included) = trained + stale + rejected + duplicate + still unacknowledged."""
+    import threading
+
+    hub = HubThread(hold=True, max_in_flight=8)
+    first = ActorClient(ActorSocket(hub.address), "first", heartbeat_s=0.1)
+    second = ActorClient(ActorSocket(hub.address), "second", heartbeat_s=0.1)
+    first.hello("fp")
+    second.hello("fp")
+    for _ in range(4):
+        first.submit(make_group())
+    first.submit(make_group(fingerprint="other-model"))  # rejected by the hub
+    for _ in range(3):
+        second.submit(make_group())
+    assert wait_for(lambda: len(hub.received) == 7 and first.acks["rejected"] == 1, first)
+    ids = [g.group_id for g in hub.received]
+    hub.call(lambda h: [h.consume(g, "trained") for g in ids[:3]] + [h.consume(ids[3], "stale")])
+    assert wait_for(lambda: sum(first.acks.values()) + sum(second.acks.values()) == 5, first, second)
+    first._resend_all()  # copies of what the hub still waits on count as duplicates
+    second._resend_all()
+    assert wait_for(lambda: hub.call(lambda h: h.counts["duplicate"]) == 3, first, second)
+
+    closer = threading.Thread(target=lambda: hub.call(lambda h: h.shutdown("done")))
+    closer.start()
+    assert wait_for(lambda: first.shutdown_reason and second.shutdown_reason, first, second)
+    closer.join()
+    ledger = hub.call(lambda h: h.ledger())
+    assert ledger == {"groups_sent": 11, "groups_resent": 3, "groups_in_flight": 3, "groups_unaccounted": 0}
+    first.submit(make_group())  # after shutdown nothing more is sent
+    assert first.sent == 5
+    first.socket.close()
+    second.socket.close()
+    hub.stop()
+
+
+def test_windows_shrink_as_actors_join():
+    """Capacity-based admission: one update (8 groups) shared between the live actors, plus a batch of 2."""
+    hub = HubThread(max_in_flight=lambda actors: -(-8 // actors) + 2)
+    first = ActorClient(ActorSocket(hub.address), "first", heartbeat_s=0.05)
+    assert first.hello("fp").max_in_flight == 10 and first.window == 10
+    second = ActorClient(ActorSocket(hub.address), "second", heartbeat_s=0.05)
+    assert second.hello("fp").max_in_flight == 6
+    assert wait_for(lambda: first.window == 6, first)
+    assert hub.call(lambda h: h.status()["window"]) == 6
+    first.socket.close()
+    second.socket.close()
+    hub.stop()
