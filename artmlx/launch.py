@@ -60,16 +60,24 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
     if live:
         logs.mkdir(exist_ok=True)
 
+    # The learner's update is the pipeline's critical path: actors take the cores it leaves.
+    niceness = config.actor_niceness
+    lower = {"preexec_fn": lambda: os.nice(niceness)} if niceness and hasattr(os, "nice") else {}
+
     def start_actor(index: int) -> None:
         command = [*python, "actor", "--connect", address, "--name", f"actor-{index}"]
-        # The learner's update is the pipeline's critical path: actors take the cores it leaves.
-        niceness = config.actor_niceness
-        lower = {"preexec_fn": lambda: os.nice(niceness)} if niceness and hasattr(os, "nice") else {}
         if live:  # keep the terminal to the learner's view; lines from a restarted actor are appended
             with open(logs / f"actor-{index}.log", "a") as log:
                 actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **lower)
         else:
             actor_procs[index] = subprocess.Popen(command, **lower)
+
+    def say(note: str) -> None:
+        if live:  # the terminal belongs to the learner's view (which counts lost actors)
+            with open(logs / "run.log", "a") as log:
+                print(note, file=log)
+        else:
+            print(note, flush=True)
 
     for index in range(actors):
         start_actor(index)
@@ -80,12 +88,7 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                 # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
                 if process.poll() is not None and process.returncode != 0:
                     restarts += 1
-                    note = f"[run] actor-{index} exited with {process.returncode}; restarting it ({restarts} restarts)"
-                    if live:  # the terminal belongs to the learner's view (which counts lost actors)
-                        with open(logs / "run.log", "a") as log:
-                            print(note, file=log)
-                    else:
-                        print(note, flush=True)
+                    say(f"[run] actor-{index} exited with {process.returncode}; restarting it ({restarts} restarts)")
                     start_actor(index)
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -118,8 +118,8 @@ class LearnerService:
                 span = time.perf_counter() - window_start
                 row.update(learner_idle_frac=idle / max(span, 1e-9), gen_tokens_per_s=received_tokens / max(span, 1e-9))
                 self.log.write(row)
-                self.hub.extra_status.update({k: row[k] for k in (
-                    "step", "reward_mean", "learner_idle_frac", "gen_tokens_per_s", "train_tokens_per_s", "queue_depth")})
+                self.hub.extra_status.update({k: row[k] for k in (  # queue_depth is kept current by the loop
+                    "step", "reward_mean", "learner_idle_frac", "gen_tokens_per_s", "train_tokens_per_s")})
                 window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
                 self._after_update()
         finally:

@@ -16,14 +16,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..protocol.status import by_lag, optional
+
 
 def _bar(fraction: float, width: int) -> str:
     filled = round(max(0.0, min(1.0, fraction)) * width)
     return "█" * filled + "░" * (width - filled)
-
-
-def _number(value, spec: str, missing: str = "–") -> str:
-    return missing if value is None else format(value, spec)
 
 
 def render(state: dict) -> Group:
@@ -34,23 +32,23 @@ def render(state: dict) -> Group:
     header = Text.assemble(
         ("artmlx learner ", "bold"), f"{state.get('run_dir', '')}  ",
         f"step {step}/{steps} ", (_bar(step / steps if steps else 0, 20), "cyan"),
-        f"  v{state['policy_version']}  {_number(elapsed, '.0f')} s  ",
+        f"  v{state['policy_version']}  {optional(elapsed, '.0f')} s  ",
         (state.get("phase", ""), "yellow"),
     )
     eval_text = (f"{state['eval_score']:.3f} (step {state['eval_step']})" if state.get("eval_score") is not None
-                 else "–")
+                 else "-")
     figures = Table.grid(padding=(0, 3))
     figures.add_row(
-        f"reward {_number(state.get('reward_mean'), '+.3f')}", f"eval {eval_text}",
-        f"gen {_number(state.get('gen_tokens_per_s'), ',.0f')} tok/s",
-        f"train {_number(state.get('train_tokens_per_s'), ',.0f')} tok/s",
+        f"reward {optional(state.get('reward_mean'), '+.3f')}", f"eval {eval_text}",
+        f"gen {optional(state.get('gen_tokens_per_s'), ',.0f')} tok/s",
+        f"train {optional(state.get('train_tokens_per_s'), ',.0f')} tok/s",
         f"queue {state.get('queue_depth', state['waiting'])}",
-        f"idle {_number(state.get('learner_idle_frac'), '.0%')}",
+        f"idle {optional(state.get('learner_idle_frac'), '.0%')}",
     )
     histogram = state.get("staleness_histogram") or {}
     total = max(1, sum(histogram.values()))
     staleness = Text("staleness ")
-    for lag, count in sorted(histogram.items(), key=lambda item: int(item[0])):
+    for lag, count in by_lag(histogram):
         staleness.append(f" {lag}:", "bold").append(_bar(count / total, 10), "green").append(f" {count}")
     staleness.append(f"   dropped (> bound): {state['counts'].get('stale', 0)}")
     counts = state["counts"]
@@ -64,7 +62,7 @@ def render(state: dict) -> Group:
     for actor in sorted(state["actors"], key=lambda a: a["name"]):
         stats = actor["stats"]
         actors.add_row(actor["name"], actor["host"], f"v{actor['policy_version']}", str(actor["in_flight"]),
-                       _number(stats.get("gen_tokens_per_s"), ",.0f"), str(stats.get("groups_sent", "–")),
+                       optional(stats.get("gen_tokens_per_s"), ",.0f"), str(stats.get("groups_sent", "-")),
                        f"{actor['seen_s_ago']} s ago")
     if not state["actors"]:
         actors.add_row("(no actor connected)", "", "", "", "", "", "")

@@ -22,18 +22,19 @@ class PortableRoPE(nn.Module):
     def __init__(self, dims: int, traditional: bool = False, base: float = 10000.0, scale: float = 1.0):
         super().__init__()
         self.dims, self.traditional, self.base, self.scale = dims, traditional, base, scale
+        # Once, not per call (every layer at every decode step); the leading _ keeps it out of parameters().
+        self._scaled_inv_freq = scale * base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         length = x.shape[-2]
         half = self.dims // 2
-        inv_freq = self.base ** (-mx.arange(0, self.dims, 2, dtype=mx.float32) / self.dims)
         positions = mx.arange(length, dtype=mx.float32)
         if isinstance(offset, mx.array) and offset.ndim == 1:
             # One offset per batch row: (B, 1, L, 1) positions against (B, heads, L, D) inputs.
             positions = (offset.astype(mx.float32)[:, None] + positions[None, :])[:, None, :, None]
         else:
             positions = (positions + offset)[:, None]
-        theta = positions * self.scale * inv_freq
+        theta = positions * self._scaled_inv_freq
         cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
         rotated, rest = x[..., : self.dims], x[..., self.dims :]
         if self.traditional:

@@ -95,8 +95,7 @@ class ActorClient:
         now = time.monotonic()
         if now - self._last_heartbeat >= self.heartbeat_s:
             self._last_heartbeat = now
-            self.socket.send(Heartbeat(sender=self.name, session=self.session or "",
-                                       policy_version=self.policy_version, stats={**self.stats, **self.ledger()}))
+            self._heartbeat()
         for group_id in list(self.unsent):
             if self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.discard(group_id)
@@ -134,8 +133,11 @@ class ActorClient:
                     self._resend_all()
         elif isinstance(message, Shutdown):
             self.shutdown_reason = message.reason or "learner shut down"
-            self.socket.send(Heartbeat(sender=self.name, session=self.session or "", policy_version=self.policy_version,
-                                       stats={**self.stats, **self.ledger(), "leaving": True}))
+            self._heartbeat(leaving=True)
+
+    def _heartbeat(self, **extra) -> None:
+        self.socket.send(Heartbeat(sender=self.name, session=self.session or "", policy_version=self.policy_version,
+                                   stats={**self.stats, **self.ledger(), **extra}))
 
     def ledger(self) -> dict:
         """This actor's side of the run's group ledger (see LearnerHub.ledger)."""

@@ -98,6 +98,9 @@ class LearnerHub:
         self._expire()
         return groups
 
+    def _heard(self, info: ActorInfo) -> None:
+        info.last_seen, info.heard = time.monotonic(), self._listening_clock()
+
     def _listening_clock(self) -> float:
         inside = time.monotonic() - self._poll_started if self._poll_started is not None else 0.0
         return self._listened + inside
@@ -120,7 +123,7 @@ class LearnerHub:
             self.socket.send(identity, Heartbeat(sender="learner", session=REJOIN,
                                                  policy_version=self.policy_version))
             return None
-        info.last_seen, info.heard = time.monotonic(), self._listening_clock()
+        self._heard(info)
         if self.closing is not None:
             # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
             if isinstance(message, Heartbeat) and message.stats.get("leaving"):
@@ -152,14 +155,14 @@ class LearnerHub:
             self.socket.rejections.reject("refused", reason, hello.actor)
             self.socket.send(identity, Refuse(reason=reason))
             return
-        now = time.monotonic()
         info = self.actors.get(identity)
         if info is None:
+            now = time.monotonic()
             info = ActorInfo(identity, hello.actor, hello.host, self._next_index, now, now)
             self._next_index += 1
             self.actors[identity] = info
             self.departed.pop(identity, None)  # an expired actor rejoining: its counts are current again
-        info.last_seen, info.heard = now, self._listening_clock()
+        self._heard(info)
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
                                            max_in_flight=self.window(), actor_index=info.index))

@@ -24,9 +24,14 @@ def query_status(address: str, keys: Path | None = None, actor_key: str = "actor
         socket.close()
 
 
-def _figure(state: dict, key: str, spec: str) -> str:
-    value = state.get(key)
+def optional(value, spec: str) -> str:
+    """A figure the learner may not have yet (no update, no eval): '-' until it does."""
     return "-" if value is None else format(value, spec)
+
+
+def by_lag(histogram: dict[str, int]) -> list[tuple[str, int]]:
+    """Staleness histogram entries ordered by lag (keys are strings on the wire)."""
+    return sorted(histogram.items(), key=lambda item: int(item[0]))
 
 
 def format_status(state: dict) -> str:
@@ -34,15 +39,15 @@ def format_status(state: dict) -> str:
     lines = [(f"learner: step {state.get('step', '?')}/{state.get('steps', '?')}, policy v{state['policy_version']}, "
               f"{state.get('phase', 'running')}, {len(state['actors'])} actor(s), {state['waiting']} group(s) waiting, "
               f"{state['rejected_messages']} message(s) rejected"),
-             (f"reward {_figure(state, 'reward_mean', '+.3f')}, eval {_figure(state, 'eval_score', '.3f')}, "
-              f"gen {_figure(state, 'gen_tokens_per_s', ',.0f')} tok/s, "
-              f"train {_figure(state, 'train_tokens_per_s', ',.0f')} tok/s, "
-              f"queue {state.get('queue_depth', '-')}, idle {_figure(state, 'learner_idle_frac', '.0%')}"),
+             (f"reward {optional(state.get('reward_mean'), '+.3f')}, eval {optional(state.get('eval_score'), '.3f')}, "
+              f"gen {optional(state.get('gen_tokens_per_s'), ',.0f')} tok/s, "
+              f"train {optional(state.get('train_tokens_per_s'), ',.0f')} tok/s, "
+              f"queue {state.get('queue_depth', '-')}, idle {optional(state.get('learner_idle_frac'), '.0%')}"),
              "groups: " + (", ".join(f"{k} {v}" for k, v in sorted(state["counts"].items())) or "none yet")]
     histogram = state.get("staleness_histogram")
     if histogram:
         lines.append("staleness of trained groups: " + ", ".join(
-            f"{lag}: {count}" for lag, count in sorted(histogram.items(), key=lambda item: int(item[0]))))
+            f"{lag}: {count}" for lag, count in by_lag(histogram)))
     for actor in sorted(state["actors"], key=lambda a: a["name"]):
         rate = actor["stats"].get("gen_tokens_per_s")
         lines.append(f"  {actor['name']:<20} {actor['host']:<16} v{actor['policy_version']:<5} "
