@@ -79,19 +79,22 @@ class TrainConfig:
     """Weight of the k3 KL penalty to the frozen base (LoRA off); 0 disables it."""
     minibatches: int = 1
     """Optimizer steps per batch of rollouts; above 1, later steps are off-policy and clipping matters."""
-    max_batch_tokens: int = 8192
-    """Padded tokens per micro-batch; gradients of micro-batches are accumulated."""
+    max_batch_tokens: int = 0
+    """Padded tokens per learner micro-batch (gradients of micro-batches are accumulated); 0 = what the memory budget's workspace holds for the update's longest episode."""
     pad_multiple: int = 32
     """Pad sequence lengths to a multiple of this (fewer distinct shapes)."""
     compile_step: bool = False
     """Compile the loss-and-gradient step with `mx.compile` (one trace per micro-batch shape)."""
 
+    memory_budget_gb: float = 0.0
+    """Memory this process (the learner, or `artmlx train`) may use for model, KV cache and activations, in GB; 0 = 75 % of the device's memory (GPU / unified memory, or RAM on a CPU), divided among the processes `artmlx run` puts on one device. Actors size themselves from their own machine (`artmlx actor --memory-budget-gb`)."""
+
     max_staleness: int = 2
     """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
     max_in_flight: int = 0
-    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one batch, ceil(groups_per_step / live actors) + actor_groups_per_batch, re-sized as actors come and go."""
-    actor_groups_per_batch: int = 4
-    """Pipeline: groups an actor generates in one batched rollout."""
+    """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one of its batches, ceil(groups_per_step / live actors) + its groups per batch, re-sized as actors come and go."""
+    actor_groups_per_batch: int = 0
+    """Pipeline: groups an actor generates in one batched rollout; 0 = as many as its memory and device allow (engine/memory.py), at most its share of one update, ceil(groups_per_step / live actors)."""
     actor_niceness: int = 10
     """`artmlx run`: actors run this much below the learner's CPU priority (Unix nice), so the learner's update, the pipeline's critical path, is never starved on shared cores; 0 = same priority."""
 
@@ -119,10 +122,15 @@ class TrainConfig:
     def checkpoint_due(self, step: int) -> bool:
         return step % self.checkpoint_every == 0 or step == self.steps
 
-    def resolved_max_in_flight(self, actors: int = 1) -> int:
+    def share_of_update(self, actors: int = 1) -> int:
+        """Groups of one update each of `actors` live actors is asked for."""
+        return -(-self.groups_per_step // max(1, actors))
+
+    def resolved_max_in_flight(self, actors: int = 1, groups_per_batch: int = 0) -> int:
         # Capacity-based admission: all windows together hold about one update beyond the batches being
         # generated, so actors never run far ahead of the learner and groups rarely age past 1 version.
-        return self.max_in_flight or -(-self.groups_per_step // max(1, actors)) + self.actor_groups_per_batch
+        share = self.share_of_update(actors)
+        return self.max_in_flight or share + (self.actor_groups_per_batch or groups_per_batch or share)
 
     def resolved_eval_temperature(self) -> float:
         return self.temperature if self.eval_temperature < 0 else self.eval_temperature
@@ -133,10 +141,10 @@ CHOICES = {
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
 }
-POSITIVE = ("actor_groups_per_batch", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
-            "learning_rate", "minibatches", "max_batch_tokens", "pad_multiple", "eval_episodes",
+POSITIVE = ("steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
+            "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from .actor.rollout import RolloutEngine
+from .rollout.episodes import EpisodeRollouts
 from .trajectory import Episode
 
 EVAL_SEED_BASE = 1 << 30
@@ -67,7 +67,7 @@ def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
     return row
 
 
-def evaluate(engine: RolloutEngine, episodes: int, outcomes: tuple[str, ...], temperature: float,
+def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], temperature: float,
              seed: int = 0) -> dict:
     """Play `episodes` held-out tasks once each (in chunks) and summarise them."""
     saved = engine.sampling

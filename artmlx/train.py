@@ -12,58 +12,31 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .actor.rollout import RolloutEngine, SamplingParams
-from .config import TrainConfig, config_to_toml
+from .config import TrainConfig
+from .engine.memory import apply_limits, plan_for, resolve_budget
 from .envs.base import make_env, outcomes_of
-from .fast_blas import blas_description
 from .evaluate import evaluate, step_key, step_seed, train_seeds
+from .fast_blas import blas_description
 from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .learner.trainer import GRPOTrainer
 from .metrics import MetricsLog
 from .model.policy import LoraSpec, load_policy, save_adapters
-
-
-def lora_spec(config: TrainConfig) -> LoraSpec:
-    return LoraSpec(
-        rank=config.lora_rank,
-        scale=config.lora_scale,
-        dropout=config.lora_dropout,
-        num_layers=config.lora_layers,
-        keys=tuple(config.lora_keys) or None,
-        dora=config.dora,
-    )
-
-
-def sampling_params(config: TrainConfig) -> SamplingParams:
-    return SamplingParams(
-        temperature=config.temperature,
-        max_reply_tokens=config.max_reply_tokens,
-        max_turns=config.max_turns,
-        max_episode_tokens=config.max_episode_tokens,
-    )
-
-
-def prepare_run_dir(config: TrainConfig, resume: bool) -> Path:
-    run_dir = config.resolved_out()
-    if resume:
-        if latest_checkpoint(run_dir) is None:
-            raise ValueError(f"--resume: no checkpoint under {run_dir}/checkpoints; check --out")
-    elif (run_dir / "metrics.jsonl").exists():
-        raise ValueError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config.out = str(run_dir)
-    (run_dir / "config.toml").write_text(config_to_toml(config))
-    return run_dir
+from .rollout.episodes import EpisodeRollouts, SamplingParams
+from .rundir import prepare_run_dir
 
 
 def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     run_dir = prepare_run_dir(config, resume)
+    budget = resolve_budget(config.memory_budget_gb)
+    apply_limits(budget)
     mx.random.seed(config.seed)
-    spec = lora_spec(config)
+    spec = LoraSpec.from_config(config)
     model, tokenizer, trainable = load_policy(config.model, spec)
+    plan = plan_for(model, budget)
     env = make_env(config.env, config.env_args)
-    engine = RolloutEngine(model, tokenizer, lambda: make_env(config.env, config.env_args), sampling_params(config))
-    trainer = GRPOTrainer(model, config)
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
+                             SamplingParams.from_config(config), plan)
+    trainer = GRPOTrainer(model, config, plan)
     log = MetricsLog(run_dir / "metrics.jsonl", echo=echo)
     elapsed = 0.0
     if resume:
@@ -73,7 +46,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     if echo:
         print(f"run {run_dir}: model {config.model}, env {config.env}, {trainable:,} trainable LoRA parameters, "
               f"{config.groups_per_step}x{config.group_size} episodes per update; "
-              f"{mx.default_device()}, BLAS: {blas_description()}", flush=True)
+              f"{mx.default_device()}, BLAS: {blas_description()}; memory {_memory_line(plan, engine)}", flush=True)
     started = time.perf_counter() - elapsed
     outcomes = outcomes_of(env)
     eval_temperature = config.resolved_eval_temperature()
@@ -88,6 +61,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     while trainer.step < config.steps:
         step = trainer.step
         mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
+        mx.reset_peak_memory()  # so each row reports its own update's peak
         t0 = time.perf_counter()
         groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
                              step_key(config.seed, step), trainer.policy_version)
@@ -102,6 +76,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             # Per wall second of the whole update, as the learner reports it, so both modes compare.
             "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t2 - t0, 1e-9),
             "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
+            "peak_memory_gb": mx.get_peak_memory() / 2**30,
             "outcomes": _count_outcomes(groups, outcomes),
             **stats,
         })
@@ -125,3 +100,10 @@ def _count_outcomes(groups, outcomes) -> dict:
             if outcome is not None:
                 counts[outcome] = counts.get(outcome, 0) + 1
     return counts
+
+
+def _memory_line(plan, engine) -> str:
+    """Budget, weights and the rows per batch the budget gives, for the run's first line."""
+    facts = plan.describe(engine.sampling.slots_per_row)
+    return (f"budget {facts['budget_gb']} GB, weights {facts['weights_gb']} GB, "
+            f"{facts['rows_per_batch']} rows per batch ({facts['kv_mb_per_row']} MB of KV cache each)")

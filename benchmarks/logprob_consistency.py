@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from artmlx.actor.rollout import RolloutEngine, SamplingParams
+from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.envs import make_env
 from artmlx.learner.batching import make_microbatch
 from artmlx.learner.grpo import token_logprobs
@@ -38,7 +38,7 @@ def main() -> None:
                        strict=False)
     results = []
     for temperature in args.temperature:
-        engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=temperature))
+        engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=temperature))
         groups = engine.play(list(range(args.groups)), args.group_size, mx.random.key(1))
         episodes = [e for g in groups for e in g.episodes]
         batch = make_microbatch(episodes, np.zeros(len(episodes)), list(range(len(episodes))))

@@ -15,3 +15,12 @@ def tiny_policy(rank: int = 8, perturb: float = 0.0, seed: int = 0):
         model.load_weights(noisy, strict=False)
         mx.eval(model.parameters())
     return model, tokenizer
+
+
+
+def learner_logprobs(model, groups, temperature: float, **settings):
+    """The learner's recomputed logprobs and the sampler's at every policy token of `groups` (numpy)."""
+    from artmlx.config import load_config
+    from artmlx.learner.trainer import GRPOTrainer
+
+    return GRPOTrainer(model, load_config(None, {"temperature": temperature, **settings})).recompute(groups)

@@ -3,14 +3,21 @@
 It needs only the learner's address (and keys): it says hello, receives the run configuration,
 loads the base model itself, says hello again with the fingerprint of what it loaded (a mismatch is
 refused with the reason and the actor exits with it), waits for the current adapter, then loops:
-apply the newest adapter in place (no reload), play a batch of groups with the core's batched
+apply the newest adapter in place (no reload), play a batch of groups with the engine's batched
 rollouts, tag them with the policy version they were sampled with, and submit them through the
 flow-control window. Task seeds come from a per-process random stream, so no two actors play the
 same episodes. It exits cleanly when the learner says shutdown.
+
+Its memory budget is its own machine's (`--memory-budget-gb`, default 75 % of the device, shared
+with the other processes `artmlx run` put on it), never the learner's. A batch is as many groups as
+that budget's KV cache and the device hold (`engine/memory.py`), at most the share of one update
+the learner asks of each actor, unless the run fixes `actor_groups_per_batch`. Its heartbeats report
+groups per batch, generation rate, peak memory and device, which the learner shows.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket as socketlib
 import time
@@ -21,25 +28,26 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig, validate
+from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env
 from ..evaluate import EVAL_SEED_BASE
-from ..model.policy import fingerprint, load_policy, set_adapter_weights
+from ..model.policy import LoraSpec, fingerprint, load_policy, set_adapter_weights
 from ..protocol.client import ActorClient, LearnerGone
 from ..protocol.codec import to_mlx
 from ..protocol.convert import group_to_message
 from ..protocol.sockets import ActorSocket
-from ..train import lora_spec, sampling_params
-from .rollout import RolloutEngine
+from ..rollout.episodes import EpisodeRollouts, SamplingParams
 
 
 class ActorService:
     def __init__(self, connect: str, name: str | None = None, keys: Path | None = None, actor_key: str = "actor",
-                 echo: bool = True):
+                 echo: bool = True, memory_budget_gb: float = 0.0):
         self.name = name or f"{socketlib.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.client = ActorClient(ActorSocket(connect, keys=keys, actor_key=actor_key), self.name)
         self.echo = echo
         self.stop = False
         self.nonce = uuid.uuid4().int & ((1 << 62) - 1)
+        self.memory_budget_gb = memory_budget_gb
 
     def say(self, text: str) -> None:
         if self.echo:
@@ -50,32 +58,48 @@ class ActorService:
             signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
         welcome = self._hello_until_welcome()
         config = validate(TrainConfig(**welcome.run_config))
-        model, tokenizer, _ = load_policy(config.model, lora_spec(config))
-        self.client.hello(fingerprint(config.model, lora_spec(config)))  # raises ActorRefused on a mismatch
-        self.say(f"connected: model {config.model}, env {config.env}, learner at v{welcome.policy_version}")
-        engine = RolloutEngine(model, tokenizer, lambda: make_env(config.env, config.env_args), sampling_params(config))
+        budget = resolve_budget(self.memory_budget_gb)
+        apply_limits(budget)
+        spec = LoraSpec.from_config(config)
+        model, tokenizer, _ = load_policy(config.model, spec)
+        self.client.hello(fingerprint(config.model, spec))  # raises ActorRefused on a mismatch
+        rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                   SamplingParams.from_config(config), plan_for(model, budget))
+        self.say(f"connected: model {config.model}, env {config.env}, learner at v{welcome.policy_version}; "
+                 f"{device_description()}, memory budget {budget / 2**30:.1f} GB, "
+                 f"{rollouts.max_rows} rows per batch at most")
         version = self._apply_adapter(model, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
         policy_tokens = 0
         while not self.stop and self.client.shutdown_reason is None:
             version = self._apply_adapter(model, wait=False, current=version)
-            seeds = rng.integers(0, EVAL_SEED_BASE, size=config.actor_groups_per_batch).tolist()
+            per_batch = self.groups_per_batch(config, rollouts)
+            seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
-            for group in engine.play(seeds, config.group_size, key, version):
+            for group in rollouts.play(seeds, config.group_size, key, version):
                 group.group_id = f"{self.name}-{uuid.uuid4().hex}"
                 policy_tokens += group.policy_tokens
                 self.client.submit(group_to_message(group, self.name, config.env, self.client.fingerprint))
                 if self.client.shutdown_reason:
                     break
             batches += 1
-            self.client.stats = {"batches": batches,
-                                 "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9)}
+            self.client.stats = {"batches": batches, "groups_per_batch": per_batch,
+                                 "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
+                                 "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
+                                 "device": device_description()}
             self.client.pump(0)
         reason = self.client.shutdown_reason or "stopped by signal"
         self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
         self.client.socket.close()
         return reason
+
+    def groups_per_batch(self, config: TrainConfig, rollouts: EpisodeRollouts) -> int:
+        """The run's fixed number, else what fits, at most the share of an update the learner asks for."""
+        if config.actor_groups_per_batch:
+            return config.actor_groups_per_batch
+        share = self.client.share or config.share_of_update(1)
+        return max(1, min(rollouts.groups_per_batch(config.group_size), share))
 
     def _request_stop(self, reason: str) -> None:
         self.stop = True
@@ -105,3 +129,10 @@ class ActorService:
         mx.eval(model.parameters())
         return adapter.policy_version
 
+
+
+def device_description() -> str:
+    """The MLX device, with the GPU this process was given (CUDA_VISIBLE_DEVICES) where there is one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device = str(mx.default_device())
+    return f"{device}, CUDA_VISIBLE_DEVICES={visible}" if visible is not None and mx.default_device() != mx.cpu else device

@@ -17,7 +17,7 @@ run config's `env_args`) and two methods:
 Class attributes: `name` (registry name) and `outcomes` (a tuple; evaluation reports
 `eval_<outcome>_rate` for each). Episode reward is the sum of step rewards.
 
-Environments are looked up by registry name (`tictactoe`, `arithmetic`) or by `module:Class`.
+Environments are looked up by registry name (`tictactoe`, `arithmetic`, `synthetic`) or by `module:Class`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def registry() -> dict[str, str]:
     return {
         "tictactoe": "artmlx.envs.tictactoe:TicTacToe",
         "arithmetic": "artmlx.envs.arithmetic:Arithmetic",
+        "synthetic": "artmlx.envs.synthetic:Synthetic",
     }
 
 

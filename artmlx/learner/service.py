@@ -21,17 +21,18 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..actor.rollout import RolloutEngine
 from ..config import TrainConfig
+from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env, outcomes_of
 from ..evaluate import evaluate
 from ..metrics import MetricsLog
-from ..model.policy import adapter_weights, fingerprint, load_policy, save_adapters
+from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
 from ..protocol.convert import message_to_group
 from ..protocol.hub import LearnerHub
 from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
-from ..train import lora_spec, prepare_run_dir, sampling_params
+from ..rollout.episodes import EpisodeRollouts, SamplingParams
+from ..rundir import prepare_run_dir
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .trainer import GRPOTrainer
 from .view import LiveView
@@ -42,10 +43,13 @@ class LearnerService:
                  resume: bool = False, echo: bool = True, live: bool | None = None):
         self.config = config
         self.run_dir = prepare_run_dir(config, resume)
+        budget = resolve_budget(config.memory_budget_gb)
+        apply_limits(budget)
         mx.random.seed(config.seed)
-        self.spec = lora_spec(config)
+        self.spec = LoraSpec.from_config(config)
         self.model, tokenizer, self.trainable = load_policy(config.model, self.spec)
-        self.trainer = GRPOTrainer(self.model, config)
+        self.plan = plan_for(self.model, budget)
+        self.trainer = GRPOTrainer(self.model, config, self.plan)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
         consumed: set[str] = set()
         self.elapsed_before = 0.0
@@ -56,10 +60,11 @@ class LearnerService:
             self.log.truncate_after(self.trainer.step)
         self.fingerprint = fingerprint(config.model, self.spec)
         self.hub = LearnerHub(LearnerSocket(bind, keys=keys, insecure=insecure), dataclasses.asdict(config),
-                              self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed)
+                              self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed,
+                              share=config.share_of_update)
         self.hub.policy_version = self.trainer.policy_version
-        self.eval_engine = RolloutEngine(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
-                                         sampling_params(config))
+        self.eval_engine = EpisodeRollouts(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                           SamplingParams.from_config(config), self.plan)
         self.outcomes = outcomes_of(make_env(config.env, config.env_args))
         self.buffer: list = []
         self.checkpointed_step = self.trainer.step if resume else -1
@@ -144,9 +149,11 @@ class LearnerService:
         staleness = [self.trainer.policy_version - m.policy_version for m in batch]
         self.staleness_histogram.update(str(lag) for lag in staleness)
         groups = [message_to_group(m) for m in batch]
+        mx.reset_peak_memory()
         started = time.perf_counter()
         stats = self.trainer.train_step(groups)
         seconds = time.perf_counter() - started
+        stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
         for message in batch:
             self.hub.consume(message.group_id, "trained")
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
@@ -199,5 +206,6 @@ class LearnerService:
         self._show(phase=f"done: {reason}")
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
                         "final": True, **self._group_counts(), **self.hub.ledger(),
+                        "actors_peak_memory_gb": self.hub.actor_memory(),
                         "stop_reason": reason})
         self.hub.socket.close()

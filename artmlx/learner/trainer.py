@@ -1,9 +1,12 @@
 """One GRPO update over the LoRA parameters: advantages, micro-batched gradients, AdamW.
 
 The frozen (quantized) base gets no gradient: `nn.value_and_grad(model, ...)` differentiates the
-model's trainable parameters only, which after `attach_lora` are the adapters. Gradients of the
-micro-batches of one optimizer step are summed (the loss weights already normalise over the whole
-step), clipped by global norm, and applied; `mx.eval` closes every step.
+model's trainable parameters only, which after `attach_lora` are the adapters. Micro-batches keep a
+group's episodes together so its prompt is computed once (`batching.py`, `forward.py`); their size
+is `max_batch_tokens`, or, when that is 0, what the memory plan's workspace holds
+(`engine/memory.py`). Gradients of the micro-batches of one optimizer step are summed (the loss
+weights already normalise over the whole step), clipped by global norm, and applied; `mx.eval`
+closes every micro-batch and every step.
 """
 
 from __future__ import annotations
@@ -17,22 +20,32 @@ import numpy as np
 from mlx.utils import tree_map
 
 from ..config import TrainConfig
+from ..engine.memory import MemoryPlan
+from ..model.parts import model_parts
 from ..model.policy import lora_disabled
 from ..trajectory import Episode, Group
-from .batching import MicroBatch, make_microbatch, pack_microbatches
-from .grpo import LossSettings, group_advantages, policy_loss, token_logprobs, token_weights
+from .batching import MicroBatch, make_microbatch, make_units, pack_units
+from .forward import policy_logprobs
+from .grpo import LossSettings, group_advantages, policy_loss, token_weights
+
+FALLBACK_BATCH_TOKENS = 8192  # without a memory plan and with max_batch_tokens = 0
+HEAD_CHUNK = 1024  # positions per vocabulary projection without a memory plan
 
 
 @dataclass
 class _StepData:
     episodes: list[Episode]
     advantages: np.ndarray
+    groups: list[list[int]]  # indices into `episodes`, one list per group
 
 
 class GRPOTrainer:
-    def __init__(self, model: nn.Module, config: TrainConfig):
+    def __init__(self, model: nn.Module, config: TrainConfig, plan: MemoryPlan | None = None):
         self.model = model
         self.config = config
+        self.plan = plan
+        self.parts = model_parts(model)
+        self.head_chunk = plan.head_chunk_tokens if plan else HEAD_CHUNK
         self.settings = LossSettings(config.objective, config.eps_low, config.eps_high, config.kl_coef)
         self.optimizer = optim.AdamW(
             learning_rate=config.learning_rate,
@@ -47,23 +60,62 @@ class GRPOTrainer:
         # Compiled per input shape; batching pads lengths to `pad_multiple` to keep shapes few.
         self._grad_step = mx.compile(grad_step, inputs=[model.state], outputs=[model.state]) if config.compile_step else grad_step
 
-    def _loss(self, model, inputs, targets, behaviour, advantages, mask, weights, base_logp=None):
-        logp = token_logprobs(model(inputs), targets, self.config.temperature)
+    def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
+              behaviour, advantages, mask, weights, base_logp=None):
+        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, self.head_chunk,
+                               prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back)
         return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:
-        """Current policy's logprobs of the targets (no gradient)."""
-        return token_logprobs(self.model(batch.inputs), batch.targets, self.config.temperature)
+        """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
+        return policy_logprobs(self.parts, len(self.model.layers), self.config.temperature, self.head_chunk,
+                               *batch.arrays())
+
+    def batch_tokens(self, episodes: list[Episode]) -> int:
+        """Padded tokens per micro-batch: the config's, or what the memory plan's workspace holds."""
+        if self.config.max_batch_tokens:
+            return self.config.max_batch_tokens
+        if self.plan is None:
+            return FALLBACK_BATCH_TOKENS
+        return self.plan.train_tokens(max(len(e.tokens) for e in episodes))
+
+    def microbatches(self, episodes: list[Episode], advantages: np.ndarray,
+                     groups: list[list[int]]) -> list[MicroBatch]:
+        """The micro-batches of the given groups (each a list of indices into `episodes`)."""
+        config = self.config
+        budget = self.batch_tokens([episodes[i] for members in groups for i in members])
+        units = make_units(episodes, groups, budget, config.pad_multiple)
+        return [make_microbatch(episodes, advantages, packed, config.pad_multiple)
+                for packed in pack_units(units, budget, config.pad_multiple)]
+
+    def recompute(self, groups: list[Group]) -> tuple[np.ndarray, np.ndarray]:
+        """This learner's logprobs of every policy token of `groups` and the sampler's, as flat arrays.
+
+        The same micro-batches and forward as training (no gradient): with unchanged weights their
+        difference is the sampler/learner numeric mismatch alone.
+        """
+        episodes = [e for g in groups for e in g.episodes]
+        members, start = [], 0
+        for group in groups:
+            members.append(list(range(start, start + len(group.episodes))))
+            start += len(group.episodes)
+        learner, behaviour = [], []
+        for batch in self.microbatches(episodes, np.zeros(len(episodes), np.float32), members):
+            mask = np.array(batch.mask) > 0
+            learner.append(np.array(self.policy_logprobs(batch))[mask])
+            behaviour.append(np.array(batch.behaviour_logprobs)[mask])
+        return np.concatenate(learner), np.concatenate(behaviour)
 
     def prepare(self, groups: list[Group]) -> tuple[_StepData, dict]:
         """Advantages per episode; groups with zero reward variance are dropped and counted."""
         rewards = mx.array(np.stack([g.rewards for g in groups]))
         advantages, zero_variance = group_advantages(rewards, self.config.scale_advantages)
         advantages, zero_variance = np.array(advantages), np.array(zero_variance)
-        episodes, episode_advantages = [], []
+        episodes, episode_advantages, members = [], [], []
         for g, group in enumerate(groups):
             if zero_variance[g]:
                 continue
+            members.append(list(range(len(episodes), len(episodes) + len(group.episodes))))
             episodes += group.episodes
             episode_advantages += advantages[g].tolist()
         stats = {
@@ -72,7 +124,7 @@ class GRPOTrainer:
             "reward_mean": float(np.asarray(rewards).mean()),
             "reward_std": float(np.asarray(rewards).std()),
         }
-        return _StepData(episodes, np.asarray(episode_advantages, np.float32)), stats
+        return _StepData(episodes, np.asarray(episode_advantages, np.float32), members), stats
 
     def train_step(self, groups: list[Group]) -> dict:
         """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
@@ -82,10 +134,10 @@ class GRPOTrainer:
                   "mismatch_kl_sum": 0.0, "abs_logratio_sum": 0.0, "kl_base_sum": 0.0, "loss": 0.0}
         grad_norms = []
         if data.episodes:
-            parts = np.array_split(np.arange(len(data.episodes)), self.config.minibatches)
-            for part in parts:
+            # Minibatches split whole groups, so a group's episodes stay together (and share their prompt).
+            for part in np.array_split(np.arange(len(data.groups)), self.config.minibatches):
                 if len(part):
-                    grad_norms.append(self._optimizer_step(data, part.tolist(), totals))
+                    grad_norms.append(self._optimizer_step(data, [data.groups[g] for g in part], totals))
             self.policy_version += 1
         tokens = max(totals["tokens"], 1.0)
         return {
@@ -103,22 +155,19 @@ class GRPOTrainer:
             "kl_base": totals["kl_base_sum"] / tokens,
         }
 
-    def _optimizer_step(self, data: _StepData, indices: list[int], totals: dict) -> float:
+    def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict) -> float:
         config = self.config
-        episodes = [data.episodes[i] for i in indices]
-        advantages = data.advantages[indices]
+        episodes = [data.episodes[i] for members in groups for i in members]
         policy_tokens = sum(e.policy_tokens for e in episodes)
-        lengths = [len(e.tokens) - 1 for e in episodes]
         grads = None
-        for micro in pack_microbatches(lengths, config.max_batch_tokens, config.pad_multiple):
-            batch = make_microbatch(episodes, advantages, micro, config.pad_multiple)
+        for batch in self.microbatches(data.episodes, data.advantages, groups):
             weights = token_weights(batch.mask, config.normalization, len(episodes), policy_tokens,
                                     config.constant_length)
             base_logp = None
             if config.kl_coef > 0:
                 with lora_disabled(self.model):
                     base_logp = mx.stop_gradient(self.policy_logprobs(batch))
-            arrays = [batch.inputs, batch.targets, batch.behaviour_logprobs, batch.advantages, batch.mask, weights]
+            arrays = [*batch.arrays(), batch.behaviour_logprobs, batch.advantages, batch.mask, weights]
             if base_logp is not None:
                 arrays.append(base_logp)
             (loss, metrics), micro_grads = self._grad_step(*arrays)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .rope import portable_rope_wanted, use_portable_rope
+from .backend import adapt_to_backend
 from .tiny import resolve_model
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
@@ -34,6 +34,12 @@ class LoraSpec:
     num_layers: int = -1
     keys: tuple[str, ...] | None = None
     dora: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "LoraSpec":
+        """The spec of a run configuration (`TrainConfig`)."""
+        return cls(rank=config.lora_rank, scale=config.lora_scale, dropout=config.lora_dropout,
+                   num_layers=config.lora_layers, keys=tuple(config.lora_keys) or None, dora=config.dora)
 
     def mlx_lm_parameters(self) -> dict:
         params = {"rank": self.rank, "scale": self.scale, "dropout": self.dropout}
@@ -53,8 +59,7 @@ def load_base(model_name: str):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(resolve_model(model_name))
-    if portable_rope_wanted():
-        use_portable_rope(model)
+    adapt_to_backend(model)
     model.freeze()
     return model, tokenizer
 

@@ -46,6 +46,7 @@ class ActorClient:
         self.adapter: AdapterUpdate | None = None
         self.shutdown_reason: str | None = None
         self.policy_version = 0
+        self.share: int | None = None  # groups of one update the learner asks of each actor
         self.stats: dict = {}
         self.acks = collections.Counter()
         self.sent = 0
@@ -120,9 +121,11 @@ class ActorClient:
             if self.adapter is None or message.policy_version >= self.adapter.policy_version:
                 self.adapter = message
         elif isinstance(message, Heartbeat):
-            window = message.stats.get("window")
+            window, share = message.stats.get("window"), message.stats.get("share")
             if self.welcome is not None and isinstance(window, int) and 1 <= window <= MAX_WINDOW:
                 self.welcome.max_in_flight = window  # the learner re-sizes windows as actors come and go
+            if isinstance(share, int) and 1 <= share <= MAX_WINDOW:
+                self.share = share
             if (answer_session and self.shutdown_reason is None and self.session is not None
                     and message.session != self.session):
                 # The learner restarted (new session; Welcome resends) or forgot us (empty session, same

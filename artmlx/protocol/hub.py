@@ -2,8 +2,9 @@
 
 - Hello: version and fingerprint are checked (a mismatch is refused with the reason); the actor
   gets the run configuration, its flow-control window (`max_in_flight`: a number, or a function of
-  the number of live actors, re-sent in every heartbeat reply as `window`) and at once the current
-  adapter, so a late or reconnecting actor never samples from a stale policy.
+  the number of live actors and the groups per batch the actor reports, re-sent in every heartbeat
+  reply as `window`, next to `share`, the groups of one update each live actor is asked for) and at
+  once the current adapter, so a late or reconnecting actor never samples from a stale policy.
 - TrajectoryGroup: a group id already consumed is acknowledged as `duplicate` and dropped; one
   already waiting is not queued twice; a group with a wrong fingerprint or a policy version from
   the future is rejected. Valid groups are handed to the caller, who later calls `consume()` with
@@ -54,12 +55,14 @@ class ActorInfo:
 
 class LearnerHub:
     def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str,
-                 max_in_flight: int | Callable[[int], int] = 4,
-                 actor_timeout_s: float = 60.0, consumed: set[str] | None = None):
+                 max_in_flight: int | Callable[[int, int], int] = 4,
+                 actor_timeout_s: float = 60.0, consumed: set[str] | None = None,
+                 share: Callable[[int], int] | None = None):
         self.socket = socket
         self.run_config = run_config
         self.fingerprint = fingerprint
         self.max_in_flight = max_in_flight
+        self.share = share
         self.actor_timeout_s = actor_timeout_s
         self.session = uuid.uuid4().hex
         self.actors: dict[bytes, ActorInfo] = {}
@@ -134,8 +137,11 @@ class LearnerHub:
             return None
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, message.stats
+            admission = {"window": self.window(info)}
+            if self.share is not None:
+                admission["share"] = max(1, int(self.share(max(1, len(self.actors)))))
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
-                                                 policy_version=self.policy_version, stats={"window": self.window()}))
+                                                 policy_version=self.policy_version, stats=admission))
             if info.adapter_sent < self.policy_version:
                 self._send_adapter(info)
             return None
@@ -165,7 +171,7 @@ class LearnerHub:
         self._heard(info)
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
-                                           max_in_flight=self.window(), actor_index=info.index))
+                                           max_in_flight=self.window(info), actor_index=info.index))
         self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
@@ -205,10 +211,12 @@ class LearnerHub:
             info.in_flight = max(0, info.in_flight - 1)
         self.socket.send(identity, Ack(group_id, status, reason))
 
-    def window(self) -> int:
-        """Each actor's flow-control window now (it shrinks as actors join: capacity-based admission)."""
+    def window(self, info: ActorInfo | None = None) -> int:
+        """An actor's flow-control window now (it shrinks as actors join: capacity-based admission)."""
         if callable(self.max_in_flight):
-            return max(1, int(self.max_in_flight(max(1, len(self.actors)))))
+            batch = info.stats.get("groups_per_batch", 0) if info is not None else 0
+            batch = batch if isinstance(batch, int) and 0 < batch < 1 << 16 else 0
+            return max(1, int(self.max_in_flight(max(1, len(self.actors)), batch)))
         return self.max_in_flight
 
     def status(self) -> dict:
@@ -236,6 +244,12 @@ class LearnerHub:
         settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
         return {"groups_sent": sent, "groups_resent": sum(int(r.get("groups_resent", 0)) for r in reports),
                 "groups_in_flight": in_flight, "groups_unaccounted": sent - settled - in_flight}
+
+    def actor_memory(self) -> list[float]:
+        """Peak memory (GB) each actor reported, live or departed (numbers only; anything else is skipped)."""
+        reports = [*self.departed.values(), *(info.stats for info in self.actors.values())]
+        peaks = [r.get("peak_memory_gb") for r in reports]
+        return [round(float(p), 3) for p in peaks if isinstance(p, (int, float)) and not isinstance(p, bool)]
 
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""

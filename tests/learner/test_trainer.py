@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.actor.rollout import RolloutEngine, SamplingParams
+from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.config import load_config
 from artmlx.envs import make_env
 from artmlx.learner.trainer import GRPOTrainer
@@ -17,7 +17,7 @@ from tests.helpers import tiny_policy
 
 def test_gradients_reach_only_lora_parameters():
     model, tokenizer = tiny_policy(perturb=0.01)
-    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     groups = engine.play(list(range(6)), 6, mx.random.key(0))
     config = load_config(None, {"learning_rate": 1e-3, "max_grad_norm": 0.0})
     trainer = GRPOTrainer(model, config)
@@ -37,7 +37,7 @@ def test_gradients_reach_only_lora_parameters():
 
 def test_zero_variance_groups_are_skipped_and_counted():
     model, tokenizer = tiny_policy()
-    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     groups = engine.play([1, 2], 4, mx.random.key(0))
     for group in groups:
         for episode in group.episodes:
@@ -108,13 +108,12 @@ def test_resume_gives_the_same_next_step(tmp_path):
     ],
 )
 def test_every_variant_updates_the_adapters(overrides):
-    from artmlx.model.policy import load_policy
-    from artmlx.train import lora_spec
+    from artmlx.model.policy import LoraSpec, load_policy
 
     config = load_config(None, {"learning_rate": 1e-3, "groups_per_step": 4, **overrides})
     mx.random.seed(0)
-    model, tokenizer, trainable = load_policy("tiny", lora_spec(config))
-    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    model, tokenizer, trainable = load_policy("tiny", LoraSpec.from_config(config))
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     groups = engine.play(list(range(4)), 8, mx.random.key(0))
     before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
     trainer = GRPOTrainer(model, config)

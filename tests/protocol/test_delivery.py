@@ -151,7 +151,7 @@ def test_ledger_accounts_for_every_group_sent():
 
 def test_windows_shrink_as_actors_join():
     """Capacity-based admission: one update (8 groups) shared between the live actors, plus a batch of 2."""
-    hub = HubThread(max_in_flight=lambda actors: -(-8 // actors) + 2)
+    hub = HubThread(max_in_flight=lambda actors, batch: -(-8 // actors) + (batch or 2))
     first = ActorClient(ActorSocket(hub.address), "first", heartbeat_s=0.05)
     assert first.hello("fp").max_in_flight == 10 and first.window == 10
     second = ActorClient(ActorSocket(hub.address), "second", heartbeat_s=0.05)

@@ -3,7 +3,7 @@
 import mlx.core as mx
 import numpy as np
 
-from artmlx.actor.rollout import RolloutEngine, SamplingParams
+from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.config import TrainConfig, load_config
 from artmlx.envs import make_env
 from artmlx.model.policy import adapter_weights, set_adapter_weights
@@ -15,7 +15,7 @@ from tests.helpers import tiny_policy
 
 def test_rollout_groups_survive_the_wire():
     model, tokenizer = tiny_policy(perturb=0.02)
-    engine = RolloutEngine(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     for group in engine.play([3, 4], 4, mx.random.key(0), policy_version=2):
         group.group_id = f"g{group.seed}"
         back = message_to_group(decode(encode(group_to_message(group, "actor-1", "tictactoe", "fp"))))

@@ -1,0 +1,147 @@
+"""A KV cache for a batch whose rows grow by different amounts in one forward pass.
+
+mlx-lm's `BatchKVCache` handles ragged *prompts* by left padding. Multi-turn episodes are ragged
+again at every turn (replies end at different steps, environment messages differ in length), and
+re-prefilling each turn would recompute the shared context. This cache keeps holes instead:
+
+- every forward writes a right-padded chunk of N slots per row, of which `n_new[row]` are real;
+- a per-row validity mask hides the padded slots from every later query;
+- RoPE positions come from a per-row `offset` that counts only real tokens, so a row's cached keys
+  are exactly those of its contiguous sequence and the learner's full forward recomputes the same
+  logprobs.
+
+The row state (validity, offsets, the write position) is one object shared by all layers and
+advanced once per forward (`RaggedCache.forward`), not once per layer; keys and values live in
+per-layer buffers that grow in blocks of `block` slots, so a decode step writes in place and
+concatenates nothing. mlx-lm's attention calls `make_mask` (on the first layer's cache) and each
+layer's `update_and_fetch` and reads `offset` for RoPE, as it does with its own caches.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+class RowState:
+    """What all layers share: which slots are real, each row's position, where the next chunk goes."""
+
+    def __init__(self, batch_size: int):
+        self.valid = mx.zeros((batch_size, 0), dtype=mx.bool_)
+        self.offset = mx.zeros((batch_size,), dtype=mx.int32)
+        self.used = 0  # slots written so far (real or hole)
+        self.n_new: mx.array | None = None
+        self.width = 0
+
+    @property
+    def rows(self) -> int:
+        return self.offset.shape[0]
+
+
+class LayerKV:
+    """One layer's keys and values over the shared `RowState`."""
+
+    def __init__(self, state: RowState, block: int):
+        self.state = state
+        self.block = block
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self) -> mx.array:
+        return self.state.offset
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs) -> mx.array:
+        if window_size is not None:
+            raise ValueError("the ragged cache does not support sliding-window attention")
+        state = self.state
+        causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
+        rows, used = state.rows, state.used
+        old = mx.broadcast_to(state.valid[:, None, None, :used], (rows, 1, N, used))
+        new = mx.broadcast_to(causal[None, None], (rows, 1, N, N))
+        return mx.concatenate([old, new], axis=-1)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        state = self.state
+        if state.n_new is None:
+            raise RuntimeError("RaggedCache.forward must wrap every forward through the ragged cache")
+        batch, heads, n, _ = keys.shape
+        start, end = state.used, state.used + n
+        if self.keys is None or end > self.keys.shape[2]:
+            grow = -(-max(end - (0 if self.keys is None else self.keys.shape[2]), 1) // self.block) * self.block
+            new_k = mx.zeros((batch, heads, grow, keys.shape[3]), keys.dtype)
+            new_v = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
+            if self.keys is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = mx.concatenate([self.keys, new_k], axis=2)
+                self.values = mx.concatenate([self.values, new_v], axis=2)
+        self.keys[..., start:end, :] = keys
+        self.values[..., start:end, :] = values
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def select(self, rows: mx.array) -> None:
+        if self.keys is not None:
+            self.keys = self.keys[rows]
+            self.values = self.values[rows]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+class RaggedCache:
+    """Per-layer KV buffers plus the shared row state; pass `.layers` to the model as its cache."""
+
+    def __init__(self, num_layers: int, batch_size: int, block: int = 256):
+        self.state = RowState(batch_size)
+        self.layers = [LayerKV(self.state, block) for _ in range(num_layers)]
+
+    @property
+    def rows(self) -> int:
+        return self.state.rows
+
+    @property
+    def offset(self) -> mx.array:
+        return self.state.offset
+
+    @property
+    def used(self) -> int:
+        return self.state.used
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    def forward(self, fn, tokens: mx.array, n_new: mx.array) -> mx.array:
+        """Run `fn(tokens, cache_layers)` for a (rows, N) chunk with `n_new` real tokens per row."""
+        state = self.state
+        state.n_new = n_new.astype(mx.int32)
+        try:
+            out = fn(tokens, self.layers)
+        finally:
+            n = tokens.shape[1]
+            chunk_valid = mx.arange(n)[None, :] < state.n_new[:, None]
+            state.valid = mx.concatenate([state.valid[:, : state.used], chunk_valid], axis=1)
+            state.offset = state.offset + state.n_new
+            state.used += n
+            state.n_new = None
+        return out
+
+    def select(self, rows: mx.array) -> None:
+        """Keep (and reorder or repeat) the given rows, in place."""
+        for layer in self.layers:
+            layer.select(rows)
+        self.state.valid = self.state.valid[rows]
+        self.state.offset = self.state.offset[rows]
+
+
+def make_ragged_cache(model, batch_size: int, block: int = 256) -> RaggedCache:
+    """A ragged cache for `model`; refuses models whose layers need another cache type."""
+    if hasattr(model, "make_cache"):
+        kinds = {type(c).__name__ for c in model.make_cache()}
+        if kinds != {"KVCache"}:
+            raise ValueError(
+                f"this model uses {sorted(kinds)} caches (sliding window or recurrent layers); "
+                "artmlx rollouts support full-attention models only"
+            )
+    return RaggedCache(len(model.layers), batch_size, block)

@@ -1,0 +1,164 @@
+"""Memory budgets: how much a process may use, and how many rows and tokens fit in it.
+
+Every process (learner, actor, `artmlx train`) has one budget in bytes for the model, the KV cache
+and the activations. By default it is `DEFAULT_FRACTION` of the device's memory (unified memory on a
+Mac, the GPU's memory on NVIDIA, physical RAM on a CPU), divided by the number of processes that
+share the device (`artmlx run` tells each process its share). `apply_limits` hands the budget to MLX
+(`mx.set_memory_limit`) and caps MLX's buffer cache, so freed buffers go back instead of piling up
+(an uncapped cache held 122 GB of an H200 for a 0.5B model).
+
+Sizing rules (all in `MemoryPlan`):
+- KV cache: a row costs `kv_bytes_per_token * slots_per_row`, where a token costs
+  layers x 2 (keys, values) x KV heads x head dim x activation bytes, and a row's slots are its
+  longest transcript (`max_episode_tokens` + one reply) plus room for padding. Rows that fit are
+  `KV_SHARE` of what the weights leave, less each row's decode workspace (its logits in float32).
+- Rows per batch are the fewer of what fits and `DEVICE_ROWS` for the backend (beyond it decode
+  throughput no longer grows). An actor generates `rows // G` groups per batch, at most its share of
+  an update (`artmlx run`'s windows follow that number).
+- Prefill chunks: as many tokens per forward as `WORKSPACE_SHARE` of the free memory holds at
+  `prefill_bytes_per_token` (one layer's activations and attention scores at a time).
+- Learner micro-batches: as many padded tokens as `WORKSPACE_SHARE` of the free memory holds at
+  `train_bytes_per_token` (every layer's saved activations and attention probabilities for the
+  backward pass; the head is applied in checkpointed chunks of `head_chunk_tokens`).
+The per-token constants were measured with MLX's peak-memory counter (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+DEFAULT_FRACTION = 0.75
+KV_SHARE = 0.6
+WORKSPACE_SHARE = 0.3
+DEVICE_ROWS = {"cpu": 256, "gpu": 256}
+# Bytes per token per layer, as multiples of (hidden, intermediate) x activation bytes, plus attention
+# scores and probabilities in float32 per head per key. Measured (see module docstring).
+PREFILL_HIDDEN, PREFILL_MLP = 8, 4
+TRAIN_HIDDEN, TRAIN_MLP, TRAIN_SCORES = 16, 6, 3
+HEAD_WORKSPACE_BYTES = 1 << 30
+GB = 1 << 30
+
+
+def device_kind() -> str:
+    return "cpu" if mx.default_device() == mx.cpu else "gpu"
+
+
+def device_memory() -> int:
+    """Bytes of memory the current device can use: GPU / unified memory, or physical RAM on the CPU."""
+    info = mx.device_info() if hasattr(mx, "device_info") else {}
+    if device_kind() == "gpu":
+        for key in ("max_recommended_working_set_size", "memory_size", "total_memory"):
+            if info.get(key):
+                return int(info[key])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_budget(sharing: int = 1) -> int:
+    """This process's share of the device when `sharing` processes use it."""
+    return int(device_memory() * DEFAULT_FRACTION / max(1, sharing))
+
+
+def resolve_budget(budget_gb: float = 0.0) -> int:
+    """Bytes from a GB setting; 0 means the default, `ARTMLX_MEMORY_SHARING` processes sharing the device."""
+    if budget_gb > 0:
+        return int(budget_gb * GB)
+    return default_budget(int(os.environ.get("ARTMLX_MEMORY_SHARING", "1") or 1))
+
+
+def apply_limits(budget: int) -> None:
+    """MLX keeps to the budget and returns freed buffers beyond a quarter of it."""
+    mx.set_memory_limit(budget)
+    mx.set_cache_limit(budget // 4)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    activation_bytes: int
+    weight_bytes: int
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "ModelShape":
+        args = model.args
+        heads = args.num_attention_heads
+        head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+        floats = [v for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
+        # The compute dtype is that of the base's largest float tensor (LoRA's float32 adapters are small).
+        activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
+        return cls(layers=args.num_hidden_layers, hidden=args.hidden_size,
+                   intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
+                   kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
+                   vocab=args.vocab_size, activation_bytes=activation_bytes,
+                   weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
+
+    def prefill_bytes_per_token(self, context: int) -> int:
+        dense = (PREFILL_HIDDEN * self.hidden + PREFILL_MLP * self.intermediate) * self.activation_bytes
+        return dense + 2 * 4 * self.heads * context
+
+    def train_bytes_per_token(self, length: int) -> int:
+        dense = (TRAIN_HIDDEN * self.hidden + TRAIN_MLP * self.intermediate) * self.activation_bytes
+        return self.layers * (dense + TRAIN_SCORES * 4 * self.heads * length)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Sizes derived from one process's budget and the model's shape."""
+
+    budget: int
+    shape: ModelShape
+    device: str = "gpu"
+
+    @property
+    def free(self) -> int:
+        return max(self.budget - self.shape.weight_bytes, 0)
+
+    def rows_per_batch(self, slots_per_row: int) -> int:
+        """Rows whose KV cache (and decode logits) fit, capped by what the device can use."""
+        per_row = self.shape.kv_bytes_per_token * slots_per_row + 4 * 4 * self.shape.vocab
+        fit = int(self.free * KV_SHARE // max(per_row, 1))
+        return max(1, min(fit, DEVICE_ROWS[self.device]))
+
+    def prefill_tokens(self, context: int) -> int:
+        """Tokens one prefill forward may hold."""
+        return max(16, int(self.free * WORKSPACE_SHARE // self.shape.prefill_bytes_per_token(context)))
+
+    def train_tokens(self, length: int) -> int:
+        """Padded tokens one learner micro-batch may hold at sequences of `length`."""
+        room = self.free * WORKSPACE_SHARE - min(HEAD_WORKSPACE_BYTES, self.free * 0.05)
+        return max(length, int(room // self.shape.train_bytes_per_token(length)))
+
+    @property
+    def head_chunk_tokens(self) -> int:
+        """Positions per chunk when projecting onto the vocabulary (logits, softmax, gradient in float32)."""
+        workspace = min(HEAD_WORKSPACE_BYTES, self.free * 0.05)
+        return max(64, int(workspace // (3 * 4 * self.shape.vocab)))
+
+    def describe(self, slots_per_row: int) -> dict:
+        return {"budget_gb": round(self.budget / GB, 2), "weights_gb": round(self.shape.weight_bytes / GB, 3),
+                "kv_mb_per_row": round(self.shape.kv_bytes_per_token * slots_per_row / 2**20, 1),
+                "rows_per_batch": self.rows_per_batch(slots_per_row), "device": self.device}
+
+
+def plan_for(model: nn.Module, budget: int) -> MemoryPlan:
+    return MemoryPlan(budget, ModelShape.of(model), device_kind())
+
+
+def slots_for(max_episode_tokens: int, max_reply_tokens: int) -> int:
+    """KV slots a row may need: its longest transcript, one more reply, and padding between turns."""
+    return int(math.ceil((max_episode_tokens + max_reply_tokens) * 1.25))

@@ -1,0 +1,112 @@
+"""The learner's forward pass: shared prompt prefixes, and logits only where the policy sampled.
+
+For a micro-batch (`batching.MicroBatch`):
+1. the prefix rows (one per group part) run through the trunk; their keys and values are kept;
+2. each episode row runs its continuation through the trunk attending to its prefix row's keys and
+   values (RoPE positions continue from the prefix length; a mask hides the prefix row's padding);
+3. hidden states are gathered at the policy-sampled targets only (n of B x T positions) and
+   projected onto the vocabulary in chunks of `head_chunk` positions, each under `mx.checkpoint`, so
+   the float32 logits (n x V) are never all alive and are recomputed in the backward pass instead
+   of stored;
+4. the n logprobs are scattered back to (B, T) (zeros elsewhere) for `grpo.policy_loss`.
+The result equals `token_logprobs(model(full inputs), targets)` at every policy position; the tests
+check it against that plain forward, values and gradients.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..model.parts import ModelParts
+
+
+class _PrefixState:
+    def __init__(self):
+        self.row_prefix: mx.array | None = None
+        self.prefix_valid: mx.array | None = None  # (B, Wp) per episode row
+        self.offset: int | mx.array = 0
+
+
+class PrefixKV:
+    """A differentiable per-layer cache: stores the prefix rows' keys/values, then serves them to episode rows."""
+
+    def __init__(self, state: _PrefixState):
+        self.state = state
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self):
+        return self.state.offset
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        if window_size is not None:
+            raise ValueError("shared-prefix training does not support sliding-window attention")
+        state = self.state
+        if state.row_prefix is None:  # the prefix rows themselves: plain causal attention
+            return "causal"
+        rows, width = state.prefix_valid.shape
+        causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
+        old = mx.broadcast_to(state.prefix_valid[:, None, None, :], (rows, 1, N, width))
+        return mx.concatenate([old, mx.broadcast_to(causal[None, None], (rows, 1, N, N))], axis=-1)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        state = self.state
+        if state.row_prefix is None:
+            self.keys, self.values = keys, values
+            return keys, values
+        rows = state.row_prefix
+        return (mx.concatenate([self.keys[rows], keys], axis=2),
+                mx.concatenate([self.values[rows], values], axis=2))
+
+
+def hidden_states(parts: ModelParts, num_layers: int, prefix_inputs: mx.array, prefix_lengths: mx.array,
+                  row_prefix: mx.array, inputs: mx.array) -> mx.array:
+    """Trunk outputs (B, T, D) for the episode rows, each continuing its prefix row."""
+    if prefix_inputs.size == 0:
+        return parts.trunk(inputs, None)
+    state = _PrefixState()
+    cache = [PrefixKV(state) for _ in range(num_layers)]
+    parts.trunk(prefix_inputs, cache)  # fills every layer's keys and values; its outputs are not needed
+    width = prefix_inputs.shape[1]
+    lengths = prefix_lengths[row_prefix]
+    state.row_prefix = row_prefix
+    state.prefix_valid = mx.arange(width)[None, :] < lengths[:, None]
+    state.offset = lengths
+    return parts.trunk(inputs, cache)
+
+
+def _head_logprobs(parts: ModelParts, temperature: float):
+    def run(hidden: mx.array, targets: mx.array) -> mx.array:
+        logits = parts.head(hidden).astype(mx.float32)
+        if temperature not in (0, 1):
+            logits = logits / temperature
+        targets = mx.stop_gradient(targets)
+        picked = mx.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+        return picked - mx.logsumexp(logits, axis=-1)
+
+    return mx.checkpoint(run)
+
+
+def policy_logprobs(parts: ModelParts, num_layers: int, temperature: float, head_chunk: int,
+                    prefix_inputs, prefix_lengths, row_prefix, inputs, targets, policy_positions,
+                    gather_back) -> mx.array:
+    """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere."""
+    hidden = hidden_states(parts, num_layers, prefix_inputs, prefix_lengths, row_prefix, inputs)
+    batch, length = inputs.shape
+    if not parts.split:  # the "trunk" already made full logits: no saving possible, same result
+        logits = hidden.reshape(batch * length, -1)[policy_positions].astype(mx.float32)
+        if temperature not in (0, 1):
+            logits = logits / temperature
+        picked = mx.take_along_axis(logits, targets.reshape(-1)[policy_positions][:, None], axis=-1)[:, 0]
+        chosen = picked - mx.logsumexp(logits, axis=-1)
+    else:
+        flat = hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]
+        flat_targets = targets.reshape(-1)[policy_positions]
+        head = _head_logprobs(parts, temperature)
+        pieces = [head(flat[i : i + head_chunk], flat_targets[i : i + head_chunk])
+                  for i in range(0, flat.shape[0], head_chunk)]
+        chosen = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    chosen = mx.concatenate([chosen, mx.zeros((1,), chosen.dtype)])
+    return chosen[gather_back].reshape(batch, length)
+

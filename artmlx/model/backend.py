@@ -1,0 +1,99 @@
+"""Per-backend adjustments to a loaded model, made once at load by actors and learner alike.
+
+- CUDA: plain `nn.RoPE` layers become `PortableRoPE` (rope.py says why).
+- CPU: MLX 0.32's CPU kernels for bfloat16 and for 4-bit products are slow. Measured on a 2-core
+  x86-64 (one 896 x 4864 projection): a bfloat16 4-bit product runs at 0.2 GFLOP/s, float32 at
+  1.4-1.7 GFLOP/s whatever the batch, while dequantizing the weights and multiplying in float32
+  with BLAS reaches 14 GFLOP/s at 64 rows (28 GFLOP/s for an already dense matrix). So on the CPU:
+  1. floating parameters are cast to float32 (a bfloat16 model runs ~10x faster; scales and biases
+     of 4-bit layers double in size, the 4-bit codes stay);
+  2. 4-bit linear layers and tied heads with at least `DEQUANT_MIN_WEIGHTS` weights dequantize per
+     call and use a dense product when the call has `dequant_rows()` rows or more (batched decode,
+     prefill, training); below that (single-sequence decode) the 4-bit kernel is faster. The base
+     stays 4-bit in memory: the float copy lives only for the one product.
+  Small layers (the embedded tiny model's) keep MLX's kernels, so its results do not change.
+  `ARTMLX_DEQUANT_ROWS=N` sets the row threshold on any backend (0 turns the dequantizing path off).
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .rope import portable_rope_wanted, use_portable_rope
+
+DEQUANT_MIN_WEIGHTS = 1 << 16
+CPU_DEQUANT_ROWS = 8
+
+
+def on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+def dequant_rows() -> int:
+    """Rows from which a 4-bit product dequantizes first; 0 = never."""
+    forced = os.environ.get("ARTMLX_DEQUANT_ROWS")
+    if forced is not None:
+        return max(0, int(forced))
+    return CPU_DEQUANT_ROWS if on_cpu() else 0
+
+
+def _rows(x: mx.array) -> int:
+    return x.size // x.shape[-1] if x.ndim else 1
+
+
+class DequantizingLinear(nn.QuantizedLinear):
+    """`QuantizedLinear` that multiplies dense (dequantized) weights for batched inputs."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        threshold = self.dequant_rows
+        if not threshold or _rows(x) < threshold:
+            return super().__call__(x)
+        weight = mx.dequantize(self["weight"], self["scales"], self.get("biases"), group_size=self.group_size,
+                               bits=self.bits, mode=self.mode).astype(x.dtype)
+        y = x @ weight.T
+        return y + self["bias"] if "bias" in self else y
+
+
+class DequantizingEmbedding(nn.QuantizedEmbedding):
+    """`QuantizedEmbedding` whose tied-head product (`as_linear`) does the same."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        threshold = self.dequant_rows
+        if not threshold or _rows(x) < threshold:
+            return super().as_linear(x)
+        weight = mx.dequantize(self["weight"], self["scales"], self.get("biases"), group_size=self.group_size,
+                               bits=self.bits, mode=self.mode).astype(x.dtype)
+        return x @ weight.T
+
+
+def _weights(module) -> int:
+    return module["weight"].shape[0] * module["weight"].shape[1] * 32 // module.bits
+
+
+def use_dequantizing_layers(model: nn.Module, rows: int) -> int:
+    """Give every large 4-bit layer the dequantizing product; returns how many were changed."""
+    changed = 0
+    for _, module in model.named_modules():
+        for cls, new in ((nn.QuantizedLinear, DequantizingLinear), (nn.QuantizedEmbedding, DequantizingEmbedding)):
+            if type(module) is cls and _weights(module) >= DEQUANT_MIN_WEIGHTS:
+                module.__class__ = new  # same parameters, another product; no copy of the weights
+                module.dequant_rows = rows
+                changed += 1
+    return changed
+
+
+def adapt_to_backend(model: nn.Module) -> dict:
+    """Apply the adjustments for the current default device; returns what was done."""
+    done = {"portable_rope": 0, "float32": False, "dequantizing_layers": 0}
+    if portable_rope_wanted():
+        done["portable_rope"] = use_portable_rope(model)
+    if on_cpu():
+        model.set_dtype(mx.float32)
+        done["float32"] = True
+    rows = dequant_rows()
+    if rows:
+        done["dequantizing_layers"] = use_dequantizing_layers(model, rows)
+    return done

@@ -1,0 +1,49 @@
+"""A causal LM as trunk and head, so logits are computed only where they are used.
+
+mlx-lm's `Model.__call__` is `head(model.model(inputs, cache))` for the decoder-only families we
+train (Qwen2/2.5/3, Llama, Mistral): the trunk returns the final-normed hidden states and the head
+is `lm_head` or, with tied embeddings, `embed_tokens.as_linear`. A sampler needs logits at one
+position per row and the learner at the positions the policy sampled, so projecting every position
+onto a 150,000-token vocabulary (B x N x V floats) is pure waste. For a model family not listed here
+the trunk is the whole model and the head the identity: logits are then computed everywhere and
+gathered after, which is slower but always correct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# Model types whose Model.__call__ is exactly head(model.model(inputs, cache)), nothing after the head.
+SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+
+
+@dataclass
+class ModelParts:
+    trunk: Callable  # (inputs (B, N), cache) -> (B, N, D) hidden states, or logits when `split` is False
+    head: Callable  # (..., D) -> (..., V)
+    split: bool
+    hidden_size: int
+    vocab_size: int
+
+
+def _identity(x: mx.array) -> mx.array:
+    return x
+
+
+def model_parts(model: nn.Module) -> ModelParts:
+    args = getattr(model, "args", None)
+    model_type = getattr(args, "model_type", None)
+    vocab = getattr(args, "vocab_size", 0)
+    hidden = getattr(args, "hidden_size", 0)
+    inner = getattr(model, "model", None)
+    if model_type in SPLIT_MODEL_TYPES and inner is not None:
+        if getattr(args, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
+            head = inner.embed_tokens.as_linear
+        else:
+            head = model.lm_head
+        return ModelParts(lambda inputs, cache=None: inner(inputs, cache), head, True, hidden, vocab)
+    return ModelParts(lambda inputs, cache=None: model(inputs, cache=cache), _identity, False, vocab, vocab)

@@ -1,0 +1,255 @@
+"""Benchmark models: real architectures and vocabularies with random 4-bit weights, built offline.
+
+`artmlx model synth ARCH --out DIR` writes an ordinary mlx-lm model folder (`config.json`,
+`model-*.safetensors`, a Hugging Face tokenizer with a chat template) whose shapes are those of a
+published model: same layers, heads, KV heads, hidden and MLP sizes, vocabulary, tied or untied
+head, quantized to 4 bits with group size 64 as mlx-community's `-4bit` conversions are. The weights
+are random, so it answers nonsense; speed and memory, which depend only on shapes, are real. It
+exists so that benchmarks run where nothing can be downloaded. For real work `--model` takes a hub
+id or a local folder, as always.
+
+How the folder is made:
+- Parameter names and shapes come from mlx-lm's own model class, instantiated lazily and quantized
+  (nothing is evaluated), so every architecture mlx-lm knows has exactly the layout it loads.
+- Each 4-bit matrix is random packed codes with one affine scale/bias per tensor chosen so the
+  dequantized weights have mean 0 and std 1/sqrt(fan_in) (embeddings: 0.02): activations stay finite
+  and the next-token distribution is close to uniform over the vocabulary, so a reply runs to its
+  token limit (an end-of-turn token is 1 in ~150,000) and lengths are set by the workload.
+- The tokenizer is byte-level BPE of the real vocabulary size: the 256 byte symbols, then words
+  " a".." zz".." zzz" and four-letter words built by merges until the regular vocabulary is full, then
+  the family's special tokens (Qwen's ChatML ones, Llama 3's header and end-of-turn ones) at their
+  real ids. A space followed by a lowercase three-letter word is exactly one token, which is how the
+  synthetic environment sets prompt lengths in tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+import tempfile
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+
+GROUP_SIZE = 64
+BITS = 4
+SHARD_BYTES = 2 << 30
+
+QWEN_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+]
+QWEN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3_SPECIALS = (
+    ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+     "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
+     "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+    + [f"<|reserved_special_token_{i}|>" for i in range(3, 248)]
+)
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Tokenizer conventions of a model family."""
+
+    regular_tokens: int
+    specials: list = field(hash=False)
+    chat_template: str = ""
+    eos: tuple[str, ...] = ()
+    bos: str | None = None
+    pad: str | None = None
+
+
+QWEN2 = Family(151643, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), None, "<|endoftext|>")
+LLAMA3 = Family(128000, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+                "<|begin_of_text|>", "<|finetune_right_pad_id|>")
+
+_QWEN_COMMON = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "max_position_embeddings": 32768, "hidden_act": "silu"}
+_LLAMA_COMMON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "rms_norm_eps": 1e-5,
+                 "rope_theta": 500000.0, "max_position_embeddings": 131072, "hidden_act": "silu",
+                 "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                  "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+
+# Shapes from the published config.json of each model.
+ARCHITECTURES: dict[str, tuple[Family, dict]] = {
+    "qwen2.5-0.5b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
+                             "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                             "tie_word_embeddings": True}),
+    "qwen2.5-1.5b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 1536, "num_hidden_layers": 28, "intermediate_size": 8960,
+                             "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                             "tie_word_embeddings": True}),
+    "qwen2.5-3b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 2048, "num_hidden_layers": 36, "intermediate_size": 11008,
+                           "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+                           "tie_word_embeddings": True}),
+    "qwen2.5-7b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
+                           "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                           "tie_word_embeddings": False}),
+    "llama-3.2-1b": (LLAMA3, {**_LLAMA_COMMON, "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
+                              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                              "vocab_size": 128256, "tie_word_embeddings": True}),
+    "llama-3.2-3b": (LLAMA3, {**_LLAMA_COMMON, "hidden_size": 3072, "num_hidden_layers": 28, "intermediate_size": 8192,
+                              "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+                              "vocab_size": 128256, "tie_word_embeddings": True}),
+}
+
+
+def architecture(name: str) -> tuple[Family, dict]:
+    key = name.lower()
+    if key not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[key]
+
+
+def _word_tokens(count: int) -> list[tuple[str, tuple[str, str] | None]]:
+    """`count` regular tokens with their merges: byte symbols, then Ġ-prefixed words of 1-4 letters."""
+    from .tiny import byte_symbols
+
+    space = byte_symbols()[32]
+    tokens: list[tuple[str, tuple[str, str] | None]] = [(s, None) for s in byte_symbols().values()]
+    letters = string.ascii_lowercase
+    for size in (1, 2, 3, 4):
+        for word in product(letters, repeat=size):
+            if len(tokens) >= count:
+                return tokens
+            text = "".join(word)
+            left = space + text[:-1] if size > 1 else space
+            tokens.append((space + text, (left, text[-1])))
+    if len(tokens) < count:
+        raise ValueError(f"cannot build {count} regular tokens from words of up to four letters")
+    return tokens
+
+
+def build_tokenizer(family: Family):
+    """A byte-level BPE `PreTrainedTokenizerFast` with the family's vocabulary size and specials."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = _word_tokens(family.regular_tokens)
+    vocab = {token: index for index, (token, _) in enumerate(words)}
+    merges = [merge for _, merge in words if merge is not None]
+    core = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.specials])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=family.bos, eos_token=family.eos[0], pad_token=family.pad,
+        unk_token=None, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = family.chat_template
+    return tokenizer
+
+
+def model_config(family: Family, shape: dict, arch: str) -> dict:
+    tokenizer_size = family.regular_tokens + len(family.specials)
+    specials = {name: family.regular_tokens + i for i, name in enumerate(family.specials)}
+    eos = [specials[name] for name in family.eos]
+    config = {**shape, "torch_dtype": "bfloat16",
+              "eos_token_id": eos if len(eos) > 1 else eos[0],
+              "bos_token_id": specials[family.bos] if family.bos else specials[family.eos[-1]],
+              "quantization": {"group_size": GROUP_SIZE, "bits": BITS, "mode": "affine"},
+              "artmlx_synthetic": {"architecture": arch, "weights": "random", "tokenizer_size": tokenizer_size}}
+    config["quantization_config"] = dict(config["quantization"])
+    if tokenizer_size > shape["vocab_size"]:
+        raise ValueError(f"{arch}: tokenizer of {tokenizer_size} tokens exceeds the vocabulary {shape['vocab_size']}")
+    return config
+
+
+def parameter_layout(config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Name -> (shape, dtype) of every parameter mlx-lm will load for `config` (lazy: nothing is computed)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    q = config["quantization"]
+    nn.quantize(model, group_size=q["group_size"], bits=q["bits"])
+    return {name: (tuple(value.shape), str(value.dtype).removeprefix("mlx.core."))
+            for name, value in tree_flatten(model.parameters())}
+
+
+def random_tensors(layout: dict, seed: int = 0):
+    """Yield (name, mx.array) for the layout: random 4-bit codes with affine scales, unit norms, zero biases."""
+    import mlx.core as mx
+
+    rng = np.random.default_rng(seed)
+    codes_std = float(np.sqrt((2**BITS) ** 2 - 1) / np.sqrt(12))
+    for name, (shape, dtype) in layout.items():
+        stem, _, leaf = name.rpartition(".")
+        if dtype == "uint32":  # packed 4-bit codes
+            data = mx.array(rng.integers(0, 2**32, size=shape, dtype=np.uint32))
+        elif leaf in ("scales", "biases") and f"{stem}.weight" in layout:
+            fan_in = layout[f"{stem}.weight"][0][-1] * 32 // BITS
+            std = 0.02 if "embed" in stem else fan_in ** -0.5
+            scale = std / codes_std
+            value = scale if leaf == "scales" else -scale * (2**BITS - 1) / 2
+            data = mx.full(shape, value, dtype=mx.bfloat16)
+        elif "norm" in stem or "norm" in leaf:
+            data = mx.ones(shape, dtype=mx.bfloat16)
+        elif leaf == "bias":
+            data = mx.zeros(shape, dtype=mx.bfloat16)
+        else:  # an unquantized matrix (rare: shapes not divisible by the group size)
+            data = mx.array(rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(mx.bfloat16)
+        yield name, data
+
+
+def synthesize(arch: str, out: Path, seed: int = 0) -> Path:
+    """Write the random-weight model folder for `arch` into `out` (replaced atomically if it exists)."""
+    import mlx.core as mx
+
+    family, shape = architecture(arch)
+    config = model_config(family, shape, arch)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        shards, current, size = [], {}, 0
+        for name, tensor in random_tensors(parameter_layout(config), seed):
+            mx.eval(tensor)
+            current[name] = tensor
+            size += tensor.nbytes
+            if size >= SHARD_BYTES:
+                shards.append(current)
+                current, size = {}, 0
+        if current:
+            shards.append(current)
+        for index, shard in enumerate(shards):
+            path = staging / f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+            mx.save_safetensors(str(path), shard, metadata={"format": "mlx"})
+        shards.clear()
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        build_tokenizer(family).save_pretrained(str(staging))
+        (staging / "README.md").write_text(
+            f"# Synthetic {arch} (random weights)\n\nWritten by `artmlx model synth {arch}`: the architecture and "
+            "vocabulary of the published model with random 4-bit weights, for speed and memory benchmarks only. "
+            "It generates nonsense.\n")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def is_synthetic(model_path: str | Path) -> bool:
+    config = Path(model_path) / "config.json"
+    return config.exists() and "artmlx_synthetic" in json.loads(config.read_text())

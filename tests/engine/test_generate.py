@@ -1,0 +1,90 @@
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from artmlx.engine.cache import make_ragged_cache
+from artmlx.engine.generate import Engine, sample_tokens
+from artmlx.engine.memory import MemoryPlan, ModelShape
+from artmlx.model.parts import model_parts
+from tests.helpers import tiny_policy
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy(perturb=0.02)
+
+
+def _chunks(rng, sizes):
+    return [[int(t) for t in rng.integers(6, 100, size=n)] for n in sizes]
+
+
+def test_ragged_cache_matches_full_forward(policy):
+    """Ragged chunks with holes give each row the logits of its own contiguous sequence."""
+    model, _ = policy
+    rng = np.random.default_rng(0)
+    rows, later = _chunks(rng, (5, 9, 2)), _chunks(rng, (3, 1, 6))
+    cache = make_ragged_cache(model, 3, block=4)  # a small block makes the buffers grow several times
+    for chunks in (rows, later):
+        width = max(map(len, chunks))
+        padded = np.zeros((3, width), np.int32)
+        for i, c in enumerate(chunks):
+            padded[i, : len(c)] = c
+        out = cache.forward(lambda x, c: model(x, cache=c), mx.array(padded), mx.array([len(c) for c in chunks]))
+    for i in range(3):
+        full = rows[i] + later[i]
+        expected = model(mx.array([full]))[0, -len(later[i]):]
+        np.testing.assert_allclose(np.array(out[i, : len(later[i])]), np.array(expected), atol=2e-4, rtol=1e-4)
+    assert cache.offset.tolist() == [8, 10, 8] and cache.used == 15
+    # Reordering/repeating rows keeps each row's state, in every layer.
+    cache.select(mx.array([2, 2, 0]))
+    assert cache.offset.tolist() == [8, 8, 8]
+    assert all(layer.keys.shape[0] == 3 for layer in cache.layers)
+
+
+def test_prefill_returns_last_position_logits_in_any_chunking(policy):
+    """Logits only at each row's last token, equal to the full model's, whether prefill is chunked or not."""
+    model, _ = policy
+    rng = np.random.default_rng(1)
+    prompts = _chunks(rng, (7, 3, 12, 1))
+    expected = np.stack([np.array(model(mx.array([p]))[0, -1]) for p in prompts])
+    whole = Engine(model)
+    tiny_budget = MemoryPlan(budget=0, shape=ModelShape.of(model))  # no room: 16-token chunks, 4 columns each
+    assert tiny_budget.prefill_tokens(64) == 16
+    for engine in (whole, Engine(model, tiny_budget)):
+        cache = engine.new_cache(len(prompts))
+        logits = engine.prefill(cache, prompts)
+        assert logits.shape == (len(prompts), model.args.vocab_size)
+        np.testing.assert_allclose(np.array(logits), expected, atol=2e-4, rtol=1e-4)
+        assert cache.offset.tolist() == [7, 3, 12, 1]
+
+
+def test_decode_stops_rows_at_their_stop_token(policy):
+    model, _ = policy
+    engine = Engine(model)
+    cache = engine.new_cache(3)
+    logits = engine.prefill(cache, [[1, 5, 6], [1, 7], [1, 8, 9, 10]])
+    # Greedy decoding is deterministic: whatever each row's first token is, making it a stop token ends that row.
+    first = np.array(mx.argmax(logits, axis=-1)).tolist()
+    tokens, logprobs, valid = engine.decode(cache, logits, mx.random.key(0), temperature=0.0, max_tokens=5,
+                                            stop_tokens={first[0]})
+    assert tokens[0, 0] == first[0] and valid[0].tolist() == [True, False, False, False, False][: valid.shape[1]]
+    assert (logprobs <= 0).all() and tokens.shape == valid.shape == logprobs.shape
+
+
+def test_sampled_logprobs_are_tempered_log_softmax():
+    logits = mx.array([[0.0, 1.0, 2.0], [2.0, 0.0, -1.0]])
+    for temperature in (1.0, 0.5):
+        tokens, logprobs = sample_tokens(logits, temperature, mx.random.key(3))
+        scaled = np.array(logits) / temperature
+        ref = scaled - np.log(np.exp(scaled).sum(-1, keepdims=True))
+        np.testing.assert_allclose(np.array(logprobs), ref[np.arange(2), np.array(tokens)], rtol=1e-5)
+    greedy, _ = sample_tokens(logits, 0.0, mx.random.key(0))
+    assert greedy.tolist() == [2, 0]
+
+
+def test_model_parts_split_is_exact(policy):
+    model, _ = policy
+    parts = model_parts(model)
+    tokens = mx.array([[1, 4, 6, 24, 21, 7]])
+    assert parts.split
+    assert mx.array_equal(parts.head(parts.trunk(tokens)), model(tokens))
