@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,10 @@ def _entry(command, prog_name: str | None = None) -> None:
     from .fast_blas import reexec_with_fast_blas
 
     reexec_with_fast_blas()
+    if os.environ.get("ARTMLX_DEVICE") == "cpu":  # `artmlx run --actor-devices cpu` places a process on the CPU
+        import mlx.core as mx
+
+        mx.set_default_device(mx.cpu)
     command(prog_name=prog_name)
 
 
@@ -119,25 +124,36 @@ def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, o
 @click.option("--name", help="Actor name shown by the learner (default: host name + random suffix).")
 @click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder with learner.key and the actor pair.")
 @click.option("--actor-key", default="actor", show_default=True, help="Name of this actor's key pair in --keys.")
-def actor(connect, name, keys, actor_key):
+@click.option("--memory-budget-gb", type=float, default=0.0,
+              help="Memory this actor may use; 0 = 75 % of this machine's device (shared by the processes on it).")
+def actor(connect, name, keys, actor_key, memory_budget_gb):
     """An actor process: samples groups with the learner's current adapter and streams them to it."""
     from .protocol.client import ActorRefused
 
     try:
         from .actor.service import ActorService
 
-        ActorService(connect, name, Path(keys) if keys else None, actor_key).run()
+        if memory_budget_gb < 0:
+            raise ValueError(f"--memory-budget-gb must be >= 0, got {memory_budget_gb}")
+        ActorService(connect, name, Path(keys) if keys else None, actor_key, memory_budget_gb=memory_budget_gb).run()
     except ActorRefused as refused:
         raise click.ClickException(f"the learner refused this actor: {refused}")
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
 
 
+def _devices(text: str | None) -> list[str]:
+    return [d.strip() for d in text.split(",") if d.strip()] if text else []
+
+
 @cli.command()
 @click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 2).")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
+@click.option("--actor-devices", metavar="D0,D1,...",
+              help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")
+@click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
 @train_options
-def run(actors, plain, config_file, model, env, steps, seed, out, resume, settings):
+def run(actors, plain, actor_devices, learner_device, config_file, model, env, steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
@@ -148,7 +164,9 @@ def run(actors, plain, config_file, model, env, steps, seed, out, resume, settin
 
         if actors is not None and actors < 1:
             raise ValueError(f"--actors must be >= 1, got {actors}")
-        code = run_pipeline(config, actors or default_actor_count(), resume, plain)
+        devices = _devices(actor_devices)
+        code = run_pipeline(config, actors or (len(devices) if devices else default_actor_count()), resume, plain,
+                            devices, learner_device)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     sys.exit(code)
@@ -240,10 +258,152 @@ def status(address, keys, actor_key, as_json):
     click.echo(json.dumps(state, indent=2) if as_json else format_status(state))
 
 
+@cli.group()
+def bench() -> None:
+    """Speed and memory benchmarks, each comparison side by side in one process (benchmarks/RESULTS.md)."""
+
+
+def _bench_options(default_model: str):
+    def wrap(function):
+        for option in reversed([
+            click.option("--model", default=default_model, show_default=True,
+                         help="A synth architecture (qwen2.5-0.5b, llama-3.2-1b, ...: random weights, made once), "
+                              "tiny, a hub id or a model folder."),
+            click.option("--quick", is_flag=True, help="Small shapes: minutes on a laptop CPU."),
+            click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON."),
+            click.option("--memory-budget-gb", type=float, default=0.0, help="Memory budget (0 = the default rule)."),
+        ]):
+            function = option(function)
+        return function
+    return wrap
+
+
+def _report(kind: str, json_path, measure) -> None:
+    from .bench.report import header, write
+
+    try:
+        report = {**header(), "benchmark": kind}
+        report["results"] = measure()
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        _fail(error)
+    write(report, json_path)
+    if json_path:
+        click.echo(f"wrote {json_path}")
+
+
+@bench.command(name="rollout")
+@_bench_options("qwen2.5-0.5b")
+@click.option("--group-sizes", default="4,8,16", show_default=True, help="Group sizes G to measure.")
+@click.option("--prompt", type=int, help="Prompt tokens (default 256, quick 64).")
+@click.option("--reply", type=int, help="Reply tokens (default 256, quick 32).")
+@click.option("--rows", type=int, default=0, help="Engine rows per batch (default: the memory rule's).")
+@click.option("--sequential", type=int, default=2, show_default=True, help="Samples generated one at a time.")
+@click.option("--prefill-rows", type=int, help="Rows for the prefill memory comparison (default 64, quick 16; 0 skips).")
+@click.option("--rows-sweep", default="", help="Comma-separated engine batch sizes for a decode throughput sweep.")
+def bench_rollout(model, quick, json_path, memory_budget_gb, group_sizes, prompt, reply, rows, sequential,
+                  prefill_rows, rows_sweep):
+    """Generation tokens/s: our engine vs sequential mlx_lm.generate vs mlx_lm.batch_generate."""
+    from .bench import rollout
+    from .bench.models import bench_model
+
+    sizes = [int(g) for g in group_sizes.split(",")] if not quick else [8]
+    _report("rollout", json_path, lambda: rollout.run(
+        bench_model(model), sizes, prompt or (64 if quick else 256), reply or (32 if quick else 256), rows,
+        sequential, 16 if quick and prefill_rows is None else (64 if prefill_rows is None else prefill_rows),
+        [int(r) for r in rows_sweep.split(",") if r], memory_budget_gb, echo=click.echo))
+
+
+@bench.command(name="learner")
+@_bench_options("qwen2.5-0.5b")
+@click.option("--groups", type=int, help="Groups per update (default 16, quick 4).")
+@click.option("--group-size", type=int, default=8, show_default=True)
+@click.option("--prompt", type=int, help="Prompt tokens (default 256, quick 64).")
+@click.option("--reply", type=int, help="Reply tokens (default 256, quick 32).")
+@click.option("--batch-tokens", type=int, default=0, help="Padded tokens per micro-batch (default: the memory rule's).")
+@click.option("--rank", type=int, default=16, show_default=True, help="LoRA rank.")
+def bench_learner(model, quick, json_path, memory_budget_gb, groups, group_size, prompt, reply, batch_tokens, rank):
+    """Trained tokens/s: our GRPO step vs a plain mlx-lm LoRA step, compiled and not, with peak memory."""
+    from .bench import learner
+    from .bench.models import bench_model
+
+    _report("learner", json_path, lambda: learner.run(
+        bench_model(model), groups or (4 if quick else 16), group_size, prompt or (64 if quick else 256),
+        reply or (32 if quick else 256), batch_tokens, memory_budget_gb, rank, echo=click.echo))
+
+
+@bench.command(name="protocol")
+@click.option("--quick", is_flag=True, help="Fewer rounds.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
+def bench_protocol(quick, json_path):
+    """Codec, loopback throughput, adapter fan-out (plain / CURVE, float32 / bfloat16), adapter sizes."""
+    from .bench import protocol
+
+    _report("protocol", json_path, lambda: protocol.run(quick, echo=click.echo))
+
+
+@bench.command(name="pipeline")
+@_bench_options("tiny")
+@click.option("--actors", "actor_counts", default="1,2,3", show_default=True, help="Actor counts to run.")
+@click.option("--steps", type=int, help="Updates per run (default 12, quick 5).")
+@click.option("--actor-devices", default="", help="As for `artmlx run`: a GPU index or cpu per actor.")
+@click.option("--learner-device", default="", help="As for `artmlx run`.")
+@click.option("--env", default="", help="Environment (default: synthetic for a real-size model, tictactoe for tiny).")
+@click.option("--out", default="runs/bench-pipeline", show_default=True, help="Folder for the runs.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Config overrides for every run.")
+def bench_pipeline(model, quick, json_path, memory_budget_gb, actor_counts, steps, actor_devices, learner_device,
+                   env, out, settings):
+    """`artmlx train` vs `artmlx run` with 1, 2, 3 actors: tokens/s, learner idle, staleness, memory."""
+    from .bench import pipeline
+    from .bench.models import bench_model
+
+    path = bench_model(model)
+    env = env or ("tictactoe" if model == "tiny" else "synthetic")
+    base = [f"model={json.dumps(path)}", f"env={json.dumps(env)}"]
+    if memory_budget_gb:
+        base.append(f"memory_budget_gb={memory_budget_gb}")
+    _report("pipeline", json_path, lambda: pipeline.run(
+        Path(out), [int(a) for a in actor_counts.split(",")], steps or (5 if quick else 12), base + list(settings),
+        actor_devices, learner_device, warmup=1 if quick else 2, echo=click.echo))
+
+
+@cli.group(name="model")
+def model_group() -> None:
+    """Model folders: the embedded one, and random-weight benchmark models of real shapes."""
+
+
+@model_group.command(name="synth")
+@click.argument("arch")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced if it exists).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def model_synth(arch, out, seed):
+    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b, llama-3.2-1b/3b).
+
+    For benchmarks only: the shapes, vocabulary, tokenizer and chat template are real, the weights random.
+    """
+    from .model.synth import synthesize
+
+    try:
+        folder = synthesize(arch, Path(out), seed)
+    except ValueError as error:
+        _fail(error)
+    click.echo(f"wrote {folder} (random weights; `--model {folder}` benchmarks the {arch} shape)")
+
+
+@model_group.command(name="path")
+@click.argument("name", default="tiny")
+def model_path_command(name):
+    """Print the folder of the embedded model (`tiny`), writing it on first use."""
+    _print_model_path(name)
+
+
 @cli.command(name="model-path")
 @click.argument("name", default="tiny")
 def model_path(name):
     """Print the folder of the embedded model (`tiny`), writing it on first use."""
+    _print_model_path(name)
+
+
+def _print_model_path(name: str) -> None:
     from .model.tiny import TINY_NAME, tiny_model_path
 
     if name != TINY_NAME:

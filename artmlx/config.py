@@ -89,6 +89,9 @@ class TrainConfig:
     memory_budget_gb: float = 0.0
     """Memory this process (the learner, or `artmlx train`) may use for model, KV cache and activations, in GB; 0 = 75 % of the device's memory (GPU / unified memory, or RAM on a CPU), divided among the processes `artmlx run` puts on one device. Actors size themselves from their own machine (`artmlx actor --memory-budget-gb`)."""
 
+    adapter_wire_dtype: str = "auto"
+    """Pipeline: dtype adapters travel in to actors: `float32`, `bfloat16`, or `auto` (bfloat16 when the base model computes in bfloat16, halving every broadcast; float32 otherwise, e.g. on the CPU). Actors cast them back to their adapters' own dtype."""
+
     max_staleness: int = 2
     """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
     max_in_flight: int = 0
@@ -138,6 +141,7 @@ class TrainConfig:
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 CHOICES = {
+    "adapter_wire_dtype": ("auto", "float32", "bfloat16"),
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
 }

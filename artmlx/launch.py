@@ -8,6 +8,13 @@ logged; when the learner exits, actors are told to stop (SIGTERM) and are killed
 Ctrl-C stops the learner first (it checkpoints) and then the actors. No process is left behind,
 and the exit status is the learner's. On a terminal the learner draws its live view and the
 actors write to RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
+
+Placement: `actor_devices` gives actor i the entry i (cycling): a GPU index (the process sees only
+that GPU, `CUDA_VISIBLE_DEVICES`, so a multi-GPU host stands in for several machines) or `cpu`
+(MLX's CPU device, `ARTMLX_DEVICE=cpu`); `learner_device` pins the learner likewise. Each process is
+told how many processes share its device (`ARTMLX_MEMORY_SHARING`), and its default memory budget is
+its share of that device (`engine/memory.py`). On Apple silicon there is one GPU: every GPU process
+shares it, and only `cpu` places a process elsewhere.
 """
 
 from __future__ import annotations
@@ -37,7 +44,30 @@ def default_actor_count() -> int:
     return max(2, ((os.cpu_count() or 2) - 1) // 2)
 
 
-def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False) -> int:
+def device_env(device: str) -> dict[str, str]:
+    """Environment that confines a process to `device` (a GPU index or `cpu`)."""
+    if device == "cpu":
+        return {"ARTMLX_DEVICE": "cpu"}
+    if not device.isdigit():
+        raise ValueError(f"a device is a GPU index or 'cpu', got {device!r}")
+    return {"CUDA_VISIBLE_DEVICES": device}
+
+
+def placements(actors: int, actor_devices: list[str], learner_device: str = "") -> tuple[dict, list[dict]]:
+    """(learner environment, one environment per actor): device confinement and how many share each device."""
+    learner_key = learner_device or "0"
+    actor_keys = [actor_devices[i % len(actor_devices)] if actor_devices else "0" for i in range(actors)]
+    sharing = {key: 1 + actor_keys.count(key) if key == learner_key else actor_keys.count(key)
+               for key in {learner_key, *actor_keys}}
+    learner_env = {**(device_env(learner_device) if learner_device else {}),
+                   "ARTMLX_MEMORY_SHARING": str(sharing[learner_key])}
+    actor_envs = [{**(device_env(key) if actor_devices else {}), "ARTMLX_MEMORY_SHARING": str(sharing[key])}
+                  for key in actor_keys]
+    return learner_env, actor_envs
+
+
+def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False,
+                 actor_devices: list[str] | None = None, learner_device: str = "") -> int:
     run_dir = config.resolved_out()
     config.out = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -51,9 +81,10 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         # the learner alone with 2 threads next to niced actors: 41.5 s, against 35.5 s with 1).
         os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (actors + 1)))
     live = sys.stdout.isatty() and not plain
+    learner_env, actor_envs = placements(actors, actor_devices or [], learner_device)
     learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
                    + (["--resume"] if resume else []) + ([] if live else ["--plain"]))
-    learner = subprocess.Popen(learner_cmd)
+    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env})
     actor_procs: dict[int, subprocess.Popen] = {}
     restarts = 0
     logs = run_dir / "logs"
@@ -66,11 +97,12 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
 
     def start_actor(index: int) -> None:
         command = [*python, "actor", "--connect", address, "--name", f"actor-{index}"]
+        env = {**os.environ, **actor_envs[index]}
         if live:  # keep the terminal to the learner's view; lines from a restarted actor are appended
             with open(logs / f"actor-{index}.log", "a") as log:
-                actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **lower)
+                actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, **lower)
         else:
-            actor_procs[index] = subprocess.Popen(command, **lower)
+            actor_procs[index] = subprocess.Popen(command, env=env, **lower)
 
     def say(note: str) -> None:
         if live:  # the terminal belongs to the learner's view (which counts lost actors)

@@ -15,3 +15,13 @@ def _stop_hub_threads():
 
     for hub in list(RUNNING):
         hub.stop()
+
+
+@pytest.fixture(scope="session")
+def small_synth(tmp_path_factory):
+    """Qwen2.5's real tokenizer and 151,936-token vocabulary over two small layers (random 4-bit weights)."""
+    from artmlx.model.synth import synthesize
+
+    return synthesize("qwen2.5-0.5b", tmp_path_factory.mktemp("synth") / "qwen-small", shape_overrides={
+        "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2})

@@ -46,14 +46,20 @@ def train_rows(run):
 @pytest.mark.slow
 def test_run_trains_and_leaves_no_processes(tmp_path):
     run = tmp_path / "run"
-    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "3", "--set", "eval_every=3", *SMALL)
+    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "3", "--set", "eval_every=3",
+                              "--actor-devices", "cpu", *SMALL)
     time.sleep(3)
     children = children_of(launcher.pid)
     roles = {pid: open(f"/proc/{pid}/cmdline").read().split("\0")[3] for pid in children}
     priority = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in children}
+    environ = {pid: open(f"/proc/{pid}/environ").read().split("\0") for pid in children}
     learner = next(pid for pid, role in roles.items() if role == "learner")
     # Actors yield the cores to the learner (actor_niceness, default 10).
     assert all(priority[pid] == priority[learner] + 10 for pid, role in roles.items() if role == "actor")
+    # Placement: both actors on the CPU device (sharing it), the learner alone on the default device.
+    for pid, role in roles.items():
+        expected = ["ARTMLX_DEVICE=cpu", "ARTMLX_MEMORY_SHARING=2"] if role == "actor" else ["ARTMLX_MEMORY_SHARING=1"]
+        assert set(expected) <= set(environ[pid]), (role, [e for e in environ[pid] if e.startswith("ARTMLX")])
     output, _ = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, output
     assert len(children) == 3
@@ -71,6 +77,10 @@ def test_run_trains_and_leaves_no_processes(tmp_path):
     assert final["groups_sent"] >= 12 and final["groups_unaccounted"] == 0, final
     assert "actor-0" in output and "actor-1" in output
     assert (run / "adapters" / "adapters.safetensors").exists()
+    # Memory is reported: the learner's per update, each actor's peak in the final row.
+    assert all(r["peak_memory_gb"] > 0 for r in rows)
+    assert len(final["actors_peak_memory_gb"]) == 2 and all(p > 0 for p in final["actors_peak_memory_gb"])
+    assert "memory budget" in output and "rows per batch" in output
 
 
 @pytest.mark.slow

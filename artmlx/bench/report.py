@@ -38,8 +38,18 @@ def machine() -> dict:
     }
 
 
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def header() -> dict:
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": _commit(),
             "command": " ".join(shlex.quote(a) for a in ["artmlx", *sys.argv[1:]]) if sys.argv else "",
             "machine": machine()}
 

@@ -10,16 +10,21 @@ share the device (`artmlx run` tells each process its share). `apply_limits` han
 Sizing rules (all in `MemoryPlan`):
 - KV cache: a row costs `kv_bytes_per_token * slots_per_row`, where a token costs
   layers x 2 (keys, values) x KV heads x head dim x activation bytes, and a row's slots are its
-  longest transcript (`max_episode_tokens` + one reply) plus room for padding. Rows that fit are
-  `KV_SHARE` of what the weights leave, less each row's decode workspace (its logits in float32).
+  longest transcript (`max_episode_tokens` + one reply) plus room for padding, plus its decode
+  workspace: sampling holds about ten float32 copies of the row's distribution over the vocabulary
+  (logits, tempered logits, exponentials, logprobs, uniform and Gumbel noise; 6 MB a row for Qwen).
+  Rows that fit are `KV_SHARE` of what the weights leave.
 - Rows per batch are the fewer of what fits and `DEVICE_ROWS` for the backend (beyond it decode
   throughput no longer grows). An actor generates `rows // G` groups per batch, at most its share of
   an update (`artmlx run`'s windows follow that number).
 - Prefill chunks: as many tokens per forward as `WORKSPACE_SHARE` of the free memory holds at
-  `prefill_bytes_per_token` (one layer's activations and attention scores at a time).
+  `prefill_bytes_per_token`: every layer's activations, since a forward's buffers are released only
+  as the device finishes with them (measured on the H200: 0.8 MB per token for Qwen2.5-0.5B in
+  bfloat16, all 24 layers' worth; 0.55 MB on the CPU in float32, where work runs op by op).
 - Learner micro-batches: as many padded tokens as `WORKSPACE_SHARE` of the free memory holds at
-  `train_bytes_per_token` (every layer's saved activations and attention probabilities for the
-  backward pass; the head is applied in checkpointed chunks of `head_chunk_tokens`).
+  `train_bytes_per_token`: every layer's saved activations and attention probabilities for the
+  backward pass, plus, for the share of tokens the policy sampled, `HEAD_BYTES_PER_VOCAB` bytes per
+  vocabulary entry (the float32 logits, their exponentials and gradient: 2.4 MB a token for Qwen).
 The per-token constants were measured with MLX's peak-memory counter (benchmarks/RESULTS.md).
 """
 
@@ -38,10 +43,11 @@ KV_SHARE = 0.6
 WORKSPACE_SHARE = 0.3
 DEVICE_ROWS = {"cpu": 256, "gpu": 256}
 # Bytes per token per layer, as multiples of (hidden, intermediate) x activation bytes, plus attention
-# scores and probabilities in float32 per head per key. Measured (see module docstring).
-PREFILL_HIDDEN, PREFILL_MLP = 8, 4
+# scores and probabilities in float32 per head per key. Fitted to MLX's peak-memory counter (module docstring).
+PREFILL_DENSE = {"gpu": (4, 3), "cpu": (2, 1)}
 TRAIN_HIDDEN, TRAIN_MLP, TRAIN_SCORES = 16, 6, 3
-HEAD_WORKSPACE_BYTES = 1 << 30
+DECODE_BYTES_PER_VOCAB = 40
+HEAD_BYTES_PER_VOCAB = 16
 GB = 1 << 30
 
 
@@ -107,13 +113,14 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
 
-    def prefill_bytes_per_token(self, context: int) -> int:
-        dense = (PREFILL_HIDDEN * self.hidden + PREFILL_MLP * self.intermediate) * self.activation_bytes
-        return dense + 2 * 4 * self.heads * context
+    def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
+        hidden, mlp = PREFILL_DENSE[device]
+        return self.layers * (hidden * self.hidden + mlp * self.intermediate) * self.activation_bytes + 8 * self.heads * context
 
-    def train_bytes_per_token(self, length: int) -> int:
+    def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0) -> int:
         dense = (TRAIN_HIDDEN * self.hidden + TRAIN_MLP * self.intermediate) * self.activation_bytes
-        return self.layers * (dense + TRAIN_SCORES * 4 * self.heads * length)
+        head = policy_fraction * HEAD_BYTES_PER_VOCAB * self.vocab
+        return int(self.layers * (dense + TRAIN_SCORES * 4 * self.heads * length) + head)
 
 
 @dataclass(frozen=True)
@@ -130,24 +137,18 @@ class MemoryPlan:
 
     def rows_per_batch(self, slots_per_row: int) -> int:
         """Rows whose KV cache (and decode logits) fit, capped by what the device can use."""
-        per_row = self.shape.kv_bytes_per_token * slots_per_row + 4 * 4 * self.shape.vocab
+        per_row = self.shape.kv_bytes_per_token * slots_per_row + DECODE_BYTES_PER_VOCAB * self.shape.vocab
         fit = int(self.free * KV_SHARE // max(per_row, 1))
         return max(1, min(fit, DEVICE_ROWS[self.device]))
 
     def prefill_tokens(self, context: int) -> int:
         """Tokens one prefill forward may hold."""
-        return max(16, int(self.free * WORKSPACE_SHARE // self.shape.prefill_bytes_per_token(context)))
+        return max(16, int(self.free * WORKSPACE_SHARE // self.shape.prefill_bytes_per_token(context, self.device)))
 
-    def train_tokens(self, length: int) -> int:
-        """Padded tokens one learner micro-batch may hold at sequences of `length`."""
-        room = self.free * WORKSPACE_SHARE - min(HEAD_WORKSPACE_BYTES, self.free * 0.05)
-        return max(length, int(room // self.shape.train_bytes_per_token(length)))
-
-    @property
-    def head_chunk_tokens(self) -> int:
-        """Positions per chunk when projecting onto the vocabulary (logits, softmax, gradient in float32)."""
-        workspace = min(HEAD_WORKSPACE_BYTES, self.free * 0.05)
-        return max(64, int(workspace // (3 * 4 * self.shape.vocab)))
+    def train_tokens(self, length: int, policy_fraction: float = 1.0) -> int:
+        """Padded tokens one learner micro-batch may hold at sequences of `length` (never less than one)."""
+        per_token = self.shape.train_bytes_per_token(length, policy_fraction)
+        return max(length, int(self.free * WORKSPACE_SHARE // per_token))
 
     def describe(self, slots_per_row: int) -> dict:
         return {"budget_gb": round(self.budget / GB, 2), "weights_gb": round(self.shape.weight_bytes / GB, 3),

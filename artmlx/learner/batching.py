@@ -102,7 +102,7 @@ class MicroBatch:
     mask: mx.array  # (B, T) 1 where the target was sampled by the policy
     behaviour_logprobs: mx.array  # (B, T)
     advantages: mx.array  # (B,)
-    policy_positions: mx.array  # (n,) flat indices into B x T of the policy targets (padded with 0)
+    policy_positions: mx.array  # (n,) flat indices into B x T of the policy targets (padded with 0 to pad_multiple)
     gather_back: mx.array  # (B x T,) index into the n policy logprobs, n (a zero) elsewhere
     episodes: list[int]
 
@@ -145,7 +145,7 @@ def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list
             prefix_inputs[u, : prefix_lengths[u]] = first[: prefix_lengths[u]]
     flat = np.flatnonzero(mask.reshape(-1) > 0)
     count = len(flat)
-    padded = np.zeros(padded_length(max(count, 1), 256), np.int32)
+    padded = np.zeros(padded_length(max(count, 1), pad_multiple), np.int32)  # few distinct shapes to compile
     padded[:count] = flat
     gather_back = np.full(mask.size, len(padded), np.int32)
     gather_back[flat] = np.arange(count, dtype=np.int32)

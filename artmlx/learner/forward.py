@@ -5,9 +5,9 @@ For a micro-batch (`batching.MicroBatch`):
 2. each episode row runs its continuation through the trunk attending to its prefix row's keys and
    values (RoPE positions continue from the prefix length; a mask hides the prefix row's padding);
 3. hidden states are gathered at the policy-sampled targets only (n of B x T positions) and
-   projected onto the vocabulary in chunks of `head_chunk` positions, each under `mx.checkpoint`, so
-   the float32 logits (n x V) are never all alive and are recomputed in the backward pass instead
-   of stored;
+   projected onto the vocabulary there: n x V logits instead of B x T x V. (Projecting in chunks
+   under `mx.checkpoint` did not lower MLX's peak, which grew with the number of chunks: the
+   memory plan budgets the n x V float32 copies instead, `engine/memory.py`.);
 4. the n logprobs are scattered back to (B, T) (zeros elsewhere) for `grpo.policy_loss`.
 The result equals `token_logprobs(model(full inputs), targets)` at every policy position; the tests
 check it against that plain forward, values and gradients.
@@ -76,37 +76,18 @@ def hidden_states(parts: ModelParts, num_layers: int, prefix_inputs: mx.array, p
     return parts.trunk(inputs, cache)
 
 
-def _head_logprobs(parts: ModelParts, temperature: float):
-    def run(hidden: mx.array, targets: mx.array) -> mx.array:
-        logits = parts.head(hidden).astype(mx.float32)
-        if temperature not in (0, 1):
-            logits = logits / temperature
-        targets = mx.stop_gradient(targets)
-        picked = mx.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
-        return picked - mx.logsumexp(logits, axis=-1)
-
-    return mx.checkpoint(run)
-
-
-def policy_logprobs(parts: ModelParts, num_layers: int, temperature: float, head_chunk: int,
+def policy_logprobs(parts: ModelParts, num_layers: int, temperature: float,
                     prefix_inputs, prefix_lengths, row_prefix, inputs, targets, policy_positions,
                     gather_back) -> mx.array:
     """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere."""
     hidden = hidden_states(parts, num_layers, prefix_inputs, prefix_lengths, row_prefix, inputs)
     batch, length = inputs.shape
-    if not parts.split:  # the "trunk" already made full logits: no saving possible, same result
-        logits = hidden.reshape(batch * length, -1)[policy_positions].astype(mx.float32)
-        if temperature not in (0, 1):
-            logits = logits / temperature
-        picked = mx.take_along_axis(logits, targets.reshape(-1)[policy_positions][:, None], axis=-1)[:, 0]
-        chosen = picked - mx.logsumexp(logits, axis=-1)
-    else:
-        flat = hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]
-        flat_targets = targets.reshape(-1)[policy_positions]
-        head = _head_logprobs(parts, temperature)
-        pieces = [head(flat[i : i + head_chunk], flat_targets[i : i + head_chunk])
-                  for i in range(0, flat.shape[0], head_chunk)]
-        chosen = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    # Without a split (an unlisted model family) the trunk already made full logits; the head is the identity.
+    logits = parts.head(hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]).astype(mx.float32)
+    if temperature not in (0, 1):
+        logits = logits / temperature
+    picked = mx.take_along_axis(logits, targets.reshape(-1)[policy_positions][:, None], axis=-1)[:, 0]
+    chosen = picked - mx.logsumexp(logits, axis=-1)
     chosen = mx.concatenate([chosen, mx.zeros((1,), chosen.dtype)])
     return chosen[gather_back].reshape(batch, length)
 

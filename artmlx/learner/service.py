@@ -49,6 +49,7 @@ class LearnerService:
         self.spec = LoraSpec.from_config(config)
         self.model, tokenizer, self.trainable = load_policy(config.model, self.spec)
         self.plan = plan_for(self.model, budget)
+        self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
         self.trainer = GRPOTrainer(self.model, config, self.plan)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
         consumed: set[str] = set()
@@ -96,7 +97,7 @@ class LearnerService:
                                      staleness_histogram=self.staleness_histogram)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda number, frame: self._request_stop(f"signal {number}"))
-        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
+        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
@@ -156,7 +157,7 @@ class LearnerService:
         stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
         for message in batch:
             self.hub.consume(message.group_id, "trained")
-        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model))
+        self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         return {
             "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
             "tokens": sum(g.tokens for g in groups), "train_seconds": seconds,
@@ -209,3 +210,10 @@ class LearnerService:
                         "actors_peak_memory_gb": self.hub.actor_memory(),
                         "stop_reason": reason})
         self.hub.socket.close()
+
+
+def wire_dtype(setting: str, activation_bytes: int) -> mx.Dtype:
+    """The dtype adapters are broadcast in: the setting, or for `auto` bfloat16 when the base computes in 2 bytes."""
+    if setting == "auto":
+        return mx.bfloat16 if activation_bytes == 2 else mx.float32
+    return getattr(mx, setting)

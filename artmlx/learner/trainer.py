@@ -29,7 +29,6 @@ from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 
 FALLBACK_BATCH_TOKENS = 8192  # without a memory plan and with max_batch_tokens = 0
-HEAD_CHUNK = 1024  # positions per vocabulary projection without a memory plan
 
 
 @dataclass
@@ -45,7 +44,6 @@ class GRPOTrainer:
         self.config = config
         self.plan = plan
         self.parts = model_parts(model)
-        self.head_chunk = plan.head_chunk_tokens if plan else HEAD_CHUNK
         self.settings = LossSettings(config.objective, config.eps_low, config.eps_high, config.kl_coef)
         self.optimizer = optim.AdamW(
             learning_rate=config.learning_rate,
@@ -62,14 +60,12 @@ class GRPOTrainer:
 
     def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
               behaviour, advantages, mask, weights, base_logp=None):
-        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, self.head_chunk,
-                               prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back)
+        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back)
         return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:
         """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
-        return policy_logprobs(self.parts, len(self.model.layers), self.config.temperature, self.head_chunk,
-                               *batch.arrays())
+        return policy_logprobs(self.parts, len(self.model.layers), self.config.temperature, *batch.arrays())
 
     def batch_tokens(self, episodes: list[Episode]) -> int:
         """Padded tokens per micro-batch: the config's, or what the memory plan's workspace holds."""
@@ -77,7 +73,8 @@ class GRPOTrainer:
             return self.config.max_batch_tokens
         if self.plan is None:
             return FALLBACK_BATCH_TOKENS
-        return self.plan.train_tokens(max(len(e.tokens) for e in episodes))
+        policy_fraction = sum(e.policy_tokens for e in episodes) / max(1, sum(len(e.tokens) for e in episodes))
+        return self.plan.train_tokens(max(len(e.tokens) for e in episodes), policy_fraction)
 
     def microbatches(self, episodes: list[Episode], advantages: np.ndarray,
                      groups: list[list[int]]) -> list[MicroBatch]:

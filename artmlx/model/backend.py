@@ -12,6 +12,11 @@
      prefill, training); below that (single-sequence decode) the 4-bit kernel is faster. The base
      stays 4-bit in memory: the float copy lives only for the one product.
   Small layers (the embedded tiny model's) keep MLX's kernels, so its results do not change.
+- CUDA (H200, MLX 0.32.4, bfloat16, one 1536 x 8960 projection): the 4-bit kernel takes 0.13 ms
+  from 8 to 256 rows, 0.35 / 0.96 / 3.4 ms at 1,024 / 4,096 / 16,384 rows; dequantizing and
+  multiplying dense takes 0.11 / 0.15 / 0.38 / 0.85 ms at 32 / 1,024 / 4,096 / 16,384 rows (at 8
+  rows, 0.16 ms: slower). So from 32 rows (batched decode, prefill, training) CUDA dequantizes too.
+  Apple silicon keeps MLX's Metal kernels (no measurement says otherwise).
   `ARTMLX_DEQUANT_ROWS=N` sets the row threshold on any backend (0 turns the dequantizing path off).
 """
 
@@ -26,10 +31,15 @@ from .rope import portable_rope_wanted, use_portable_rope
 
 DEQUANT_MIN_WEIGHTS = 1 << 16
 CPU_DEQUANT_ROWS = 8
+CUDA_DEQUANT_ROWS = 32
 
 
 def on_cpu() -> bool:
     return mx.default_device() == mx.cpu
+
+
+def on_cuda() -> bool:
+    return not on_cpu() and hasattr(mx, "cuda") and mx.cuda.is_available()
 
 
 def dequant_rows() -> int:
@@ -37,7 +47,7 @@ def dequant_rows() -> int:
     forced = os.environ.get("ARTMLX_DEQUANT_ROWS")
     if forced is not None:
         return max(0, int(forced))
-    return CPU_DEQUANT_ROWS if on_cpu() else 0
+    return CPU_DEQUANT_ROWS if on_cpu() else CUDA_DEQUANT_ROWS if on_cuda() else 0
 
 
 def _rows(x: mx.array) -> int:

@@ -82,12 +82,16 @@ def load_policy(model_name: str, spec: LoraSpec):
     return model, tokenizer, attach_lora(model, spec)
 
 
-def adapter_weights(model: nn.Module) -> dict[str, mx.array]:
-    return dict(tree_flatten(model.trainable_parameters()))
+def adapter_weights(model: nn.Module, dtype: mx.Dtype | None = None) -> dict[str, mx.array]:
+    """The trainable (adapter) tensors by name, cast to `dtype` if given (e.g. to broadcast them smaller)."""
+    weights = dict(tree_flatten(model.trainable_parameters()))
+    return weights if dtype is None else {name: value.astype(dtype) for name, value in weights.items()}
 
 
 def set_adapter_weights(model: nn.Module, weights: dict[str, mx.array]) -> None:
-    """Replace the adapter tensors in place (no reload); names and shapes must match exactly."""
+    """Replace the adapter tensors in place (no reload); names and shapes must match exactly.
+
+    Values keep the dtype of the model's own adapters (a bfloat16 broadcast becomes float32 again)."""
     current = adapter_weights(model)
     if set(weights) != set(current):
         missing, extra = sorted(set(current) - set(weights)), sorted(set(weights) - set(current))
@@ -95,7 +99,7 @@ def set_adapter_weights(model: nn.Module, weights: dict[str, mx.array]) -> None:
     for name, value in weights.items():
         if value.shape != current[name].shape:
             raise ValueError(f"adapter {name}: shape {value.shape} != model's {current[name].shape}")
-    model.load_weights(list(weights.items()), strict=False)
+    model.load_weights([(name, value.astype(current[name].dtype)) for name, value in weights.items()], strict=False)
 
 
 def save_adapters(model: nn.Module, folder: Path, spec: LoraSpec, base_model: str) -> None:

@@ -5,9 +5,12 @@ MLX 0.32.4's CUDA `mx.fast.rope` cannot launch for decode-shaped inputs with 128
 which is every batched rollout step. `PortableRoPE` computes the same rotation (mlx's default,
 non-traditional layout: the first and second halves of the rotated dimensions pair up; positions
 `offset + i` scaled by `scale`, frequencies `base ** (-2j / dims)`), with scalar or per-row array
-offsets as mlx-lm's caches pass them. It replaces plain `nn.RoPE` layers only (scaled variants such
-as Llama 3's keep their own class) and only on the CUDA backend, or when ARTMLX_PORTABLE_ROPE=1;
-the learner and the actors load models the same way, so both compute identical logprobs.
+offsets as mlx-lm's caches pass them. It replaces plain `nn.RoPE` layers and mlx-lm's `Llama3RoPE`
+(whose fused call passes its own frequencies; theta = position / freq), only on the CUDA backend,
+or when ARTMLX_PORTABLE_ROPE=1;
+the learner and the actors load models the same way, so both compute identical logprobs. The
+rotation is one compiled function (`mx.compile`), so its dozen element-wise operations run as a
+few fused kernels: at every decode step it runs twice in every layer.
 """
 
 from __future__ import annotations
@@ -18,32 +21,42 @@ import mlx.core as mx
 from mlx import nn
 
 
+def _rotate(x: mx.array, positions: mx.array, inv_freq: mx.array, dims: int, traditional: bool) -> mx.array:
+    theta = positions * inv_freq
+    cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
+    rotated, rest = x[..., :dims], x[..., dims:]
+    if traditional:
+        even, odd = rotated[..., 0::2], rotated[..., 1::2]
+        out = mx.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(rotated.shape)
+    else:
+        half = dims // 2
+        first, second = rotated[..., :half], rotated[..., half:]
+        out = mx.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+_rotate_compiled = mx.compile(_rotate)
+
+
 class PortableRoPE(nn.Module):
-    def __init__(self, dims: int, traditional: bool = False, base: float = 10000.0, scale: float = 1.0):
+    def __init__(self, dims: int, traditional: bool = False, base: float = 10000.0, scale: float = 1.0,
+                 freqs: mx.array | None = None):
         super().__init__()
         self.dims, self.traditional, self.base, self.scale = dims, traditional, base, scale
         # Once, not per call (every layer at every decode step); the leading _ keeps it out of parameters().
-        self._scaled_inv_freq = scale * base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        if freqs is not None:  # mx.fast.rope's `freqs`: theta = scale * position / freq
+            self._scaled_inv_freq = scale / freqs.astype(mx.float32)
+        else:
+            self._scaled_inv_freq = scale * base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        length = x.shape[-2]
-        half = self.dims // 2
-        positions = mx.arange(length, dtype=mx.float32)
+        positions = mx.arange(x.shape[-2], dtype=mx.float32)
         if isinstance(offset, mx.array) and offset.ndim == 1:
             # One offset per batch row: (B, 1, L, 1) positions against (B, heads, L, D) inputs.
             positions = (offset.astype(mx.float32)[:, None] + positions[None, :])[:, None, :, None]
         else:
             positions = (positions + offset)[:, None]
-        theta = positions * self._scaled_inv_freq
-        cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
-        rotated, rest = x[..., : self.dims], x[..., self.dims :]
-        if self.traditional:
-            even, odd = rotated[..., 0::2], rotated[..., 1::2]
-            out = mx.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1).reshape(rotated.shape)
-        else:
-            first, second = rotated[..., :half], rotated[..., half:]
-            out = mx.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
-        return mx.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+        return _rotate_compiled(x, positions, self._scaled_inv_freq, self.dims, self.traditional)
 
 
 def portable_rope_wanted() -> bool:
@@ -55,11 +68,17 @@ def portable_rope_wanted() -> bool:
 
 
 def use_portable_rope(model: nn.Module) -> int:
-    """Swap every plain nn.RoPE in `model` for PortableRoPE; returns how many were swapped."""
+    """Swap every plain nn.RoPE and Llama3RoPE in `model` for PortableRoPE; returns how many were swapped."""
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
     swapped = 0
     for _, module in model.named_modules():
         for name, child in list(module.children().items()):
             if type(child) is nn.RoPE:
                 setattr(module, name, PortableRoPE(child.dims, child.traditional, child.base, child.scale))
-                swapped += 1
+            elif type(child) is Llama3RoPE:
+                setattr(module, name, PortableRoPE(child.dims, child.traditional, freqs=child._freqs))
+            else:
+                continue
+            swapped += 1
     return swapped

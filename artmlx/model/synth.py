@@ -212,12 +212,15 @@ def random_tensors(layout: dict, seed: int = 0):
         yield name, data
 
 
-def synthesize(arch: str, out: Path, seed: int = 0) -> Path:
-    """Write the random-weight model folder for `arch` into `out` (replaced atomically if it exists)."""
+def synthesize(arch: str, out: Path, seed: int = 0, shape_overrides: dict | None = None) -> Path:
+    """Write the random-weight model folder for `arch` into `out` (replaced atomically if it exists).
+
+    `shape_overrides` (tests) changes config fields, e.g. fewer layers with the real vocabulary.
+    """
     import mlx.core as mx
 
     family, shape = architecture(arch)
-    config = model_config(family, shape, arch)
+    config = model_config(family, {**shape, **(shape_overrides or {})}, arch)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

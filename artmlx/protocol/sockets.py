@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import uuid
 from pathlib import Path
 
@@ -50,9 +51,15 @@ def _configure(socket: zmq.Socket, hwm: int, max_message_bytes: int, linger_ms: 
     socket.setsockopt(zmq.LINGER, linger_ms)
 
 
+def default_io_threads() -> int:
+    """ZeroMQ I/O threads for the learner: CURVE encrypts each actor's copy of an adapter on one of them."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
 class LearnerSocket:
     def __init__(self, bind: str, keys: Path | None = None, insecure: bool = False, hwm: int = 256,
-                 max_message_bytes: int = 256 << 20, limits: Limits = DEFAULT_LIMITS, linger_ms: int = 500):
+                 max_message_bytes: int = 256 << 20, limits: Limits = DEFAULT_LIMITS, linger_ms: int = 500,
+                 io_threads: int = 0):
         if keys is None and not insecure and not is_loopback(bind):
             raise ValueError(
                 f"refusing to bind {bind} without encryption: create keys with `artmlx keygen DIR` and pass "
@@ -60,7 +67,7 @@ class LearnerSocket:
             )
         if keys is None and not is_loopback(bind):
             log.warning("INSECURE: %s accepts unauthenticated, unencrypted connections from the network", bind)
-        self.context = zmq.Context()
+        self.context = zmq.Context(io_threads=io_threads or default_io_threads())
         self.socket = self.context.socket(zmq.ROUTER)
         _configure(self.socket, hwm, max_message_bytes, linger_ms)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -28,3 +28,16 @@ def test_swapped_model_gives_the_same_logits():
     assert use_portable_rope(model) == len(model.layers)
     assert not any(type(m) is nn.RoPE for _, m in model.named_modules())
     np.testing.assert_allclose(np.array(model(tokens)), np.array(before), atol=1e-4)
+
+
+@pytest.mark.parametrize("offset", [5, "per-row"])
+def test_llama3_frequencies_match_the_fused_kernel(offset):
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    scaling = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+    llama = Llama3RoPE(32, max_position_embeddings=131072, base=500000.0, scaling_config=scaling)
+    x = mx.random.normal((4, 2, 3, 32), key=mx.random.key(1))
+    if offset == "per-row":
+        offset = mx.array([0, 9000, 3, 70000], dtype=mx.int32)
+    portable = PortableRoPE(32, freqs=llama._freqs)
+    np.testing.assert_allclose(np.array(portable(x, offset=offset)), np.array(llama(x, offset=offset)), atol=1e-4)

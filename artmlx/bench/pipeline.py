@@ -1,0 +1,93 @@
+"""`artmlx bench pipeline`: `artmlx train` against `artmlx run` with 1, 2, 3 actors, one after another.
+
+Every run uses the same configuration (model, environment, `steps` updates of groups x G episodes),
+without evaluations or intermediate checkpoints, so the clock measures rollouts and updates only.
+From each run's metrics: seconds per update in the steady state (the first `warmup` updates are left
+out: they pay model loading and kernel compilation), generated (policy) tokens/s, learner idle
+fraction, staleness, and peak memory of the learner and of each actor. For `train` it also reports
+the ideal overlap bound, (generation + training) / max(generation, training) per update: what a
+pipeline that overlapped them perfectly would gain over the synchronous loop.
+
+Actors are placed like `artmlx run` places them: `--actor-devices 1,2` gives actor i the i-th entry
+(a GPU index, or `cpu`), `--learner-device 0` pins the learner; without them every process shares
+the machine's one device.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..metrics import read_metrics
+
+
+def _launch(args: list[str], log: Path, env: dict | None = None) -> float:
+    started = time.perf_counter()
+    with log.open("w") as handle:
+        code = subprocess.run([sys.executable, "-m", "artmlx", *args], stdout=handle, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"artmlx {' '.join(args)} failed with exit status {code}; its output is in {log}")
+    return time.perf_counter() - started
+
+
+def summarize(run_dir: Path, warmup: int) -> dict:
+    rows = [r for r in read_metrics(run_dir) if "reward_mean" in r and not r.get("final")]
+    final = next((r for r in read_metrics(run_dir) if r.get("final")), {})
+    steady = rows[warmup:] if len(rows) > warmup + 1 else rows
+    times = [b["time"] - a["time"] for a, b in zip(steady, steady[1:])] or [steady[0]["time"]]
+    summary = {
+        "updates": len(rows), "steady_updates": len(steady),
+        "seconds_per_update": statistics.mean(times),
+        "gen_tokens_per_s": statistics.mean(r["gen_tokens_per_s"] for r in steady),
+        "train_seconds": statistics.mean(r["train_seconds"] for r in steady),
+        "learner_idle_frac": statistics.mean(r.get("learner_idle_frac", 0.0) for r in steady),
+        "staleness_mean": statistics.mean(r.get("staleness_mean", 0.0) for r in steady),
+        "staleness_max": max(r.get("staleness_max", 0) for r in steady),
+        "learner_peak_gb": max(r.get("peak_memory_gb", 0.0) for r in rows),
+        "actors_peak_gb": final.get("actors_peak_memory_gb", []),
+        "groups_stale": final.get("groups_stale", 0),
+    }
+    if rows and "gen_seconds" in rows[0]:  # the synchronous loop: generation and training one after the other
+        gen = statistics.mean(r["gen_seconds"] for r in steady)
+        train = summary["train_seconds"]
+        summary.update(gen_seconds=gen, ideal_overlap_bound=(gen + train) / max(gen, train, 1e-9))
+    return summary
+
+
+def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], actor_devices: str = "",
+        learner_device: str = "", warmup: int = 2, echo=print) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = ["--steps", str(steps), "--set", "eval_every=0", "--set", f"checkpoint_every={steps}"]
+    overrides += [item for setting in settings for item in ("--set", setting)]
+    learner_env = {"CUDA_VISIBLE_DEVICES": learner_device} if learner_device and learner_device != "cpu" else {}
+    results = {"steps": steps, "settings": settings, "actor_devices": actor_devices, "learner_device": learner_device,
+               "runs": []}
+    wall = _launch(["train", "--out", str(out / "train"), *overrides], out / "train.log", learner_env)
+    sync = {"run": "train", "wall_s": wall, **summarize(out / "train", warmup)}
+    results["runs"].append(sync)
+    echo(f"train: {sync['seconds_per_update']:.2f} s/update (generation {sync['gen_seconds']:.2f} s, training "
+         f"{sync['train_seconds']:.2f} s; ideal overlap bound {sync['ideal_overlap_bound']:.2f}x), "
+         f"{sync['gen_tokens_per_s']:,.0f} gen tok/s, peak {sync['learner_peak_gb']:.2f} GB")
+    for actors in actor_counts:
+        name = f"run-{actors}"
+        args = ["run", "--actors", str(actors), "--plain", "--out", str(out / name), *overrides]
+        if actor_devices:
+            args += ["--actor-devices", actor_devices]
+        if learner_device:
+            args += ["--learner-device", learner_device]
+        wall = _launch(args, out / f"{name}.log")
+        result = {"run": name, "actors": actors, "wall_s": wall, **summarize(out / name, warmup)}
+        result["speedup_vs_train"] = sync["seconds_per_update"] / result["seconds_per_update"]
+        result["fraction_of_ideal"] = result["speedup_vs_train"] / sync["ideal_overlap_bound"]
+        results["runs"].append(result)
+        echo(f"run --actors {actors}: {result['seconds_per_update']:.2f} s/update = {result['speedup_vs_train']:.2f}x "
+             f"train ({result['fraction_of_ideal']:.2f} of the ideal overlap bound), "
+             f"{result['gen_tokens_per_s']:,.0f} gen tok/s, learner idle {result['learner_idle_frac']:.0%}, "
+             f"staleness {result['staleness_mean']:.2f} (max {result['staleness_max']}), "
+             f"peak learner {result['learner_peak_gb']:.2f} GB, actors {result['actors_peak_gb']} GB")
+    return results
