@@ -348,22 +348,37 @@ def bench_protocol(quick, json_path):
 @click.option("--actor-devices", default="", help="As for `artmlx run`: a GPU index or cpu per actor.")
 @click.option("--learner-device", default="", help="As for `artmlx run`.")
 @click.option("--env", default="", help="Environment (default: synthetic for a real-size model, tictactoe for tiny).")
+@click.option("--env-arg", "env_arg_items", multiple=True, metavar="KEY=VALUE",
+              help="Environment option, e.g. prompt_tokens=256 (synthetic: prompt_tokens, turns, user_tokens).")
+@click.option("--balance", is_flag=True, help="Tune the synthetic env's user_tokens so train generates and trains "
+                                               "for about the same time (the largest overlap bound).")
+@click.option("--shared-too", is_flag=True, help="With --actor-devices, also run the actors on the learner's device.")
 @click.option("--out", default="runs/bench-pipeline", show_default=True, help="Folder for the runs.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Config overrides for every run.")
 def bench_pipeline(model, quick, json_path, memory_budget_gb, actor_counts, steps, actor_devices, learner_device,
-                   env, out, settings):
+                   env, env_arg_items, balance, shared_too, out, settings):
     """`artmlx train` vs `artmlx run` with 1, 2, 3 actors: tokens/s, learner idle, staleness, memory."""
     from .bench import pipeline
     from .bench.models import bench_model
+    from .config import parse_value
 
     path = bench_model(model)
     env = env or ("tictactoe" if model == "tiny" else "synthetic")
     base = [f"model={json.dumps(path)}", f"env={json.dumps(env)}"]
     if memory_budget_gb:
         base.append(f"memory_budget_gb={memory_budget_gb}")
+    env_args = {}
+    for item in env_arg_items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            _fail(ValueError(f"--env-arg {item!r} must look like key=value"))
+        env_args[key.strip()] = parse_value(raw)
+    if balance and env != "synthetic":
+        _fail(ValueError("--balance tunes the synthetic environment; use --env synthetic"))
     _report("pipeline", json_path, lambda: pipeline.run(
         Path(out), [int(a) for a in actor_counts.split(",")], steps or (5 if quick else 12), base + list(settings),
-        actor_devices, learner_device, warmup=1 if quick else 2, echo=click.echo))
+        actor_devices, learner_device, warmup=1 if quick else 2, env_args=env_args or None, tune=balance,
+        shared_too=shared_too, echo=click.echo))
 
 
 @cli.group(name="model")

@@ -10,7 +10,13 @@ pipeline that overlapped them perfectly would gain over the synchronous loop.
 
 Actors are placed like `artmlx run` places them: `--actor-devices 1,2` gives actor i the i-th entry
 (a GPU index, or `cpu`), `--learner-device 0` pins the learner; without them every process shares
-the machine's one device.
+the machine's one device. `--shared-too` also runs each actor count on the learner's device, for
+the comparison in the same run.
+
+`--balance` first tunes the synthetic workload so that generation and training take about the
+same time in `train` (where the overlap bound is largest, ~2x): two short calibration runs of
+`train` measure seconds of generation and of training per update, and the environment's answer
+length (`user_tokens`, trained but never generated) is scaled until training time matches.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from ..metrics import read_metrics
@@ -59,12 +66,48 @@ def summarize(run_dir: Path, warmup: int) -> dict:
     return summary
 
 
+def _env_setting(env_args: dict) -> str:
+    return "env_args={" + ", ".join(f"{key} = {value}" for key, value in env_args.items()) + "}"
+
+
+def balance(out: Path, settings: list[str], env_args: dict, learner_env: dict, echo=print,
+            rounds: int = 2, steps: int = 3) -> dict:
+    """`env_args` with `user_tokens` scaled so that `train` spends as long training as generating."""
+    env_args = dict(env_args)
+    turns = int(env_args.get("turns", 2))
+    if turns < 2:
+        raise ValueError("--balance scales the environment's answers between turns: it needs turns >= 2")
+    for attempt in range(rounds):
+        run_dir = out / f"balance-{attempt}"
+        args = ["train", "--out", str(run_dir), "--steps", str(steps), "--set", "eval_every=0",
+                "--set", f"checkpoint_every={steps}", *[x for s in [*settings, _env_setting(env_args)] for x in ("--set", s)]]
+        _launch(args, out / f"balance-{attempt}.log", learner_env)
+        rows = [r for r in read_metrics(run_dir) if "reward_mean" in r][1:]  # the first update compiles
+        gen = statistics.mean(r["gen_seconds"] for r in rows)
+        train = statistics.mean(r["train_seconds"] for r in rows)
+        tokens = statistics.mean(r["tokens"] for r in rows)
+        config = tomllib.loads((run_dir / "config.toml").read_text())
+        episodes = config["groups_per_step"] * config["group_size"]
+        # Training time grows with the tokens trained; add (or remove) environment tokens until it matches generation.
+        extra = tokens * (gen / train - 1) / max(episodes * (turns - 1), 1)
+        echo(f"balance {attempt}: user_tokens {env_args.get('user_tokens', 32)}: generation {gen:.2f} s, training "
+             f"{train:.2f} s per update")
+        env_args["user_tokens"] = max(8, int(env_args.get("user_tokens", 32) + extra))
+    echo(f"balanced workload: {env_args}")
+    return env_args
+
+
 def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], actor_devices: str = "",
-        learner_device: str = "", warmup: int = 2, echo=print) -> dict:
+        learner_device: str = "", warmup: int = 2, env_args: dict | None = None, tune: bool = False,
+        shared_too: bool = False, echo=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    learner_env = {"CUDA_VISIBLE_DEVICES": learner_device} if learner_device and learner_device != "cpu" else {}
+    if tune:
+        env_args = balance(out, settings, env_args or {}, learner_env, echo)
+    if env_args:
+        settings = [*settings, _env_setting(env_args)]
     overrides = ["--steps", str(steps), "--set", "eval_every=0", "--set", f"checkpoint_every={steps}"]
     overrides += [item for setting in settings for item in ("--set", setting)]
-    learner_env = {"CUDA_VISIBLE_DEVICES": learner_device} if learner_device and learner_device != "cpu" else {}
     results = {"steps": steps, "settings": settings, "actor_devices": actor_devices, "learner_device": learner_device,
                "runs": []}
     wall = _launch(["train", "--out", str(out / "train"), *overrides], out / "train.log", learner_env)
@@ -73,19 +116,24 @@ def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], act
     echo(f"train: {sync['seconds_per_update']:.2f} s/update (generation {sync['gen_seconds']:.2f} s, training "
          f"{sync['train_seconds']:.2f} s; ideal overlap bound {sync['ideal_overlap_bound']:.2f}x), "
          f"{sync['gen_tokens_per_s']:,.0f} gen tok/s, peak {sync['learner_peak_gb']:.2f} GB")
-    for actors in actor_counts:
-        name = f"run-{actors}"
+    placements = [(actors, actor_devices) for actors in actor_counts]
+    if shared_too and actor_devices:
+        placements += [(actors, "") for actors in actor_counts]
+    for actors, devices in placements:
+        name = f"run-{actors}" + (f"-on-{devices.replace(',', '-')}" if devices else "-shared")
         args = ["run", "--actors", str(actors), "--plain", "--out", str(out / name), *overrides]
-        if actor_devices:
-            args += ["--actor-devices", actor_devices]
+        if devices:
+            args += ["--actor-devices", devices]
         if learner_device:
             args += ["--learner-device", learner_device]
         wall = _launch(args, out / f"{name}.log")
-        result = {"run": name, "actors": actors, "wall_s": wall, **summarize(out / name, warmup)}
+        result = {"run": name, "actors": actors, "actor_devices": devices, "wall_s": wall,
+                  **summarize(out / name, warmup)}
         result["speedup_vs_train"] = sync["seconds_per_update"] / result["seconds_per_update"]
         result["fraction_of_ideal"] = result["speedup_vs_train"] / sync["ideal_overlap_bound"]
         results["runs"].append(result)
-        echo(f"run --actors {actors}: {result['seconds_per_update']:.2f} s/update = {result['speedup_vs_train']:.2f}x "
+        echo(f"run --actors {actors} {'on ' + devices if devices else 'sharing the learner device'}: "
+             f"{result['seconds_per_update']:.2f} s/update = {result['speedup_vs_train']:.2f}x "
              f"train ({result['fraction_of_ideal']:.2f} of the ideal overlap bound), "
              f"{result['gen_tokens_per_s']:,.0f} gen tok/s, learner idle {result['learner_idle_frac']:.0%}, "
              f"staleness {result['staleness_mean']:.2f} (max {result['staleness_max']}), "
