@@ -108,12 +108,15 @@ def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, 
                                                         "learning_rate": 1e-5, "groups_per_step": groups,
                                                         "group_size": group_size}), plan)
         mlx_lm_step = MlxLmStep(model, compiled)
-        for name, step in (("artmlx GRPO", lambda: trainer.train_step(data)),
+        metrics: dict = {}
+        for name, step in (("artmlx GRPO", lambda: metrics.update(trainer.train_step(data))),
                            ("mlx-lm LoRA (cross-entropy)", lambda: mlx_lm_step(sequences, rows_per_batch))):
             step()  # warm-up: same shapes, compiles kernels (and the step when compiled)
             seconds, peak = _peak_and_time(step)
             results["runs"].append({"method": name, "compiled": compiled, "seconds": seconds,
                                     "tok_s": tokens / seconds, "peak_gb": peak})
+            if name == "artmlx GRPO":  # the step must also be right: a finite loss and gradient, applied
+                results["runs"][-1].update({key: metrics[key] for key in ("loss", "grad_norm", "updates_skipped_nonfinite")})
             echo(f"{name:<28} {'compiled' if compiled else 'plain':>8}: {tokens / seconds:,.0f} tok/s "
                  f"({seconds:.2f} s), peak {peak:.2f} GB")
     by = {(r["method"], r["compiled"]): r for r in results["runs"]}

@@ -6,11 +6,15 @@ group's episodes together so its prompt is computed once (`batching.py`, `forwar
 is `max_batch_tokens`, or, when that is 0, what the memory plan's workspace holds
 (`engine/memory.py`). Gradients of the micro-batches of one optimizer step are summed (the loss
 weights already normalise over the whole step), clipped by global norm, and applied; `mx.eval`
-closes every micro-batch and every step.
+closes every micro-batch and every step. An optimizer step whose loss or gradient norm is not
+finite is not applied (the adapters and AdamW state stay as they were) and is counted in
+`updates_skipped_nonfinite`: one bad batch must not turn every later adapter into NaN.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -28,6 +32,7 @@ from .batching import MicroBatch, make_microbatch, make_units, pack_units
 from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 
+log = logging.getLogger("artmlx.learner")
 FALLBACK_BATCH_TOKENS = 8192  # without a memory plan and with max_batch_tokens = 0
 
 
@@ -129,13 +134,18 @@ class GRPOTrainer:
         self.step += 1
         totals = {"tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped_sum": 0.0,
                   "mismatch_kl_sum": 0.0, "abs_logratio_sum": 0.0, "kl_base_sum": 0.0, "loss": 0.0}
-        grad_norms = []
+        grad_norms, skipped = [], 0
         if data.episodes:
             # Minibatches split whole groups, so a group's episodes stay together (and share their prompt).
             for part in np.array_split(np.arange(len(data.groups)), self.config.minibatches):
                 if len(part):
-                    grad_norms.append(self._optimizer_step(data, [data.groups[g] for g in part], totals))
-            self.policy_version += 1
+                    norm = self._optimizer_step(data, [data.groups[g] for g in part], totals)
+                    if norm is None:
+                        skipped += 1
+                    else:
+                        grad_norms.append(norm)
+            if grad_norms:  # the adapters changed: a new policy version
+                self.policy_version += 1
         tokens = max(totals["tokens"], 1.0)
         return {
             **stats,
@@ -150,13 +160,15 @@ class GRPOTrainer:
             "mismatch_kl": totals["mismatch_kl_sum"] / tokens,
             "abs_logratio_mean": totals["abs_logratio_sum"] / tokens,
             "kl_base": totals["kl_base_sum"] / tokens,
+            "updates_skipped_nonfinite": skipped,
         }
 
-    def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict) -> float:
+    def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict) -> float | None:
+        """Accumulate the groups' gradients and apply them; the gradient norm, or None if not applied."""
         config = self.config
         episodes = [data.episodes[i] for members in groups for i in members]
         policy_tokens = sum(e.policy_tokens for e in episodes)
-        grads = None
+        grads, step_loss = None, 0.0
         for batch in self.microbatches(data.episodes, data.advantages, groups):
             weights = token_weights(batch.mask, config.normalization, len(episodes), policy_tokens,
                                     config.constant_length)
@@ -170,13 +182,19 @@ class GRPOTrainer:
             (loss, metrics), micro_grads = self._grad_step(*arrays)
             grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
             mx.eval(grads, loss, metrics)
-            totals["loss"] += loss.item()
+            step_loss += loss.item()
             for name, value in metrics.items():
                 if name == "ratio_max":
                     totals[name] = max(totals[name], value.item())
                 else:
                     totals[name] += value.item()
         grads, grad_norm = optim.clip_grad_norm(grads, config.max_grad_norm or float("inf"))
+        norm = grad_norm.item()
+        if not (math.isfinite(norm) and math.isfinite(step_loss)):
+            log.warning("update %d: %s is not finite; this optimizer step is skipped and the adapters are kept",
+                        self.step, "the loss" if not math.isfinite(step_loss) else "the gradient norm")
+            return None
+        totals["loss"] += step_loss
         self.optimizer.update(self.model, grads)
-        mx.eval(self.model.trainable_parameters(), self.optimizer.state, grad_norm)
-        return grad_norm.item()
+        mx.eval(self.model.trainable_parameters(), self.optimizer.state)
+        return norm

@@ -126,3 +126,25 @@ def test_every_variant_updates_the_adapters(overrides):
         assert metrics["ratio_max"] > 1.0 + 1e-6 and trainable < 32768
     if overrides.get("kl_coef"):
         assert metrics["kl_base"] >= 0.0
+
+
+def test_a_non_finite_update_is_skipped_and_the_adapters_kept():
+    """A behaviour logprob of -1e30 (finite, absurd) makes the ratio overflow: nothing of it reaches the adapters."""
+    model, tokenizer = tiny_policy(perturb=0.01)
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    groups = engine.play(list(range(4)), 6, mx.random.key(0))
+    poisoned = groups[0].episodes[0]
+    poisoned.logprobs[poisoned.policy_mask.index(True)] = -1e30
+    for group in groups:
+        group.episodes[0].reward, group.episodes[1].reward = 1.0, 0.0  # every group carries signal
+    trainer = GRPOTrainer(model, load_config(None, {"learning_rate": 1e-3}))
+    before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    metrics = trainer.train_step(groups)
+    assert metrics["updates_skipped_nonfinite"] == 1 and trainer.policy_version == 0
+    after = dict(tree_flatten(model.trainable_parameters()))
+    assert all(np.array_equal(np.array(after[k]), before[k]) for k in before)
+    # The next, clean batch trains as usual.
+    poisoned.logprobs[poisoned.policy_mask.index(True)] = -1.0
+    metrics = trainer.train_step(groups)
+    assert metrics["updates_skipped_nonfinite"] == 0 and trainer.policy_version == 1
+    assert all(np.isfinite(np.array(v)).all() for _, v in tree_flatten(model.trainable_parameters()))
