@@ -5,8 +5,9 @@ loads the base model itself, says hello again with the fingerprint of what it lo
 refused with the reason and the actor exits with it), waits for the current adapter, then loops:
 apply the newest adapter in place (no reload), play a batch of groups with the engine's batched
 rollouts, tag them with the policy version they were sampled with, and submit them through the
-flow-control window. Task seeds come from a per-process random stream, so no two actors play the
-same episodes. It exits cleanly when the learner says shutdown.
+flow-control window. A batch starts only when all of it fits the window, so it is sampled with the
+newest adapter that arrived while the learner trained. Task seeds come from a per-process random
+stream, so no two actors play the same episodes. It exits cleanly when the learner says shutdown.
 
 Its memory budget is its own machine's (`--memory-budget-gb`, default 75 % of the device, shared
 with the other processes `artmlx run` put on it), never the learner's. A batch is as many groups as
@@ -73,8 +74,11 @@ class ActorService:
         batches, started = 0, time.perf_counter()
         policy_tokens = 0
         while not self.stop and self.client.shutdown_reason is None:
-            version = self._apply_adapter(model, wait=False, current=version)
             per_batch = self.groups_per_batch(config, rollouts)
+            # Generate only once the whole batch will fit the window, with the newest adapter by then:
+            # a batch generated first and then held back would be one more policy version old.
+            self.client.wait_for_room(per_batch)
+            version = self._apply_adapter(model, wait=False, current=version)
             seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
             for group in rollouts.play(seeds, config.group_size, key, version):

@@ -63,9 +63,9 @@ class RolloutBench:
     def prompts(self, seeds: list[int]) -> list[list[int]]:
         return [self.chat.prompt_ids(self.make_env().reset(seed)) for seed in seeds]
 
-    def engine(self, seeds: list[int], group_size: int, rows: int):
+    def engine(self, seeds: list[int], group_size: int):
         rollouts = self.rollouts()
-        rollouts.plan = None  # the row count is the benchmark's, not re-derived
+        rollouts.plan = None  # one batch of exactly these groups (prefill chunks still follow the plan)
         groups, seconds, peak = _timed(lambda: rollouts.play(seeds, group_size, mx.random.key(0)))
         tokens = sum(g.policy_tokens for g in groups)
         return groups, {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "peak_gb": peak}
@@ -160,17 +160,18 @@ def run(model_path: str, group_sizes: list[int], prompt: int, reply: int, rows: 
     bench.warm_up()
     results: dict = {"prompt_tokens": prompt, "reply_tokens": reply, "rows_by_rule": natural_rows,
                      "budget_gb": budget / GB, "plan": bench.plan.describe(bench.sampling.slots_per_row), "groups": []}
+    agreement_size = 8 if 8 in group_sizes else group_sizes[0]
     for group_size in group_sizes:
         n_groups = max(1, rows // group_size)
         seeds = list(range(1000 * group_size, 1000 * group_size + n_groups))
-        groups, engine = bench.engine(seeds, group_size, rows)
+        groups, engine = bench.engine(seeds, group_size)
         batched = bench.batch_generate(seeds, group_size, n_groups * group_size)
         seq = bench.sequential(seeds[:1] * sequential)
         row = {"G": group_size, "groups": n_groups, "rows": n_groups * group_size, "engine": engine,
                "batch_generate": batched, "sequential": seq,
                "engine_vs_sequential": engine["tok_s"] / seq["tok_s"],
                "engine_vs_batch_generate": engine["tok_s"] / batched["tok_s"]}
-        if group_size == 8 or group_size == group_sizes[-1] and "agreement" not in results:
+        if group_size == agreement_size:
             results["agreement"] = {"G": group_size, **bench.agreement(groups)}
         results["groups"].append(row)
         echo(f"G={group_size:>2} rows {row['rows']:>4}: engine {engine['tok_s']:,.0f} tok/s, batch_generate "

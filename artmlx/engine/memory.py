@@ -25,6 +25,9 @@ Sizing rules (all in `MemoryPlan`):
   `train_bytes_per_token`: every layer's saved activations and attention probabilities for the
   backward pass, plus, for the share of tokens the policy sampled, `HEAD_BYTES_PER_VOCAB` bytes per
   vocabulary entry (the float32 logits, their exponentials and gradient: 2.4 MB a token for Qwen).
+Whatever the budget, a micro-batch's policy tokens x vocabulary stays below `MAX_ARRAY_ELEMENTS`:
+on the H200, MLX 0.32.4 gave wrong values (off by up to 22.6 in the logits) for a prefill that made
+one 128 x 301 x 151,936 array (5.9e9 elements, past 2^31), so no array we make may reach that size.
 The per-token constants were measured with MLX's peak-memory counter (benchmarks/RESULTS.md).
 """
 
@@ -48,6 +51,7 @@ PREFILL_DENSE = {"gpu": (4, 3), "cpu": (2, 1)}
 TRAIN_HIDDEN, TRAIN_MLP, TRAIN_SCORES = 16, 6, 3
 DECODE_BYTES_PER_VOCAB = 40
 HEAD_BYTES_PER_VOCAB = 16
+MAX_ARRAY_ELEMENTS = (1 << 31) - 1
 GB = 1 << 30
 
 
@@ -148,7 +152,9 @@ class MemoryPlan:
     def train_tokens(self, length: int, policy_fraction: float = 1.0) -> int:
         """Padded tokens one learner micro-batch may hold at sequences of `length` (never less than one)."""
         per_token = self.shape.train_bytes_per_token(length, policy_fraction)
-        return max(length, int(self.free * WORKSPACE_SHARE // per_token))
+        fits = int(self.free * WORKSPACE_SHARE // per_token)
+        addressable = int(0.9 * MAX_ARRAY_ELEMENTS / self.shape.vocab / max(policy_fraction, 1e-3))
+        return max(length, min(fits, addressable))
 
     def describe(self, slots_per_row: int) -> dict:
         return {"budget_gb": round(self.budget / GB, 2), "weights_gb": round(self.shape.weight_bytes / GB, 3),

@@ -65,7 +65,8 @@ class GRPOTrainer:
 
     def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
               behaviour, advantages, mask, weights, base_logp=None):
-        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back)
+        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, prefix_inputs, prefix_lengths,
+                               row_prefix, inputs, targets, positions, gather_back)
         return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:

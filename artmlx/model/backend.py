@@ -54,16 +54,22 @@ def _rows(x: mx.array) -> int:
     return x.size // x.shape[-1] if x.ndim else 1
 
 
+def _dense_product(module, x: mx.array) -> mx.array | None:
+    """x @ W.T with W dequantized for this one product, or None when x has too few rows for that to pay."""
+    if not module.dequant_rows or _rows(x) < module.dequant_rows:
+        return None
+    weight = mx.dequantize(module["weight"], module["scales"], module.get("biases"), group_size=module.group_size,
+                           bits=module.bits, mode=module.mode)
+    return x @ weight.astype(x.dtype).T
+
+
 class DequantizingLinear(nn.QuantizedLinear):
     """`QuantizedLinear` that multiplies dense (dequantized) weights for batched inputs."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        threshold = self.dequant_rows
-        if not threshold or _rows(x) < threshold:
+        y = _dense_product(self, x)
+        if y is None:
             return super().__call__(x)
-        weight = mx.dequantize(self["weight"], self["scales"], self.get("biases"), group_size=self.group_size,
-                               bits=self.bits, mode=self.mode).astype(x.dtype)
-        y = x @ weight.T
         return y + self["bias"] if "bias" in self else y
 
 
@@ -71,12 +77,8 @@ class DequantizingEmbedding(nn.QuantizedEmbedding):
     """`QuantizedEmbedding` whose tied-head product (`as_linear`) does the same."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        threshold = self.dequant_rows
-        if not threshold or _rows(x) < threshold:
-            return super().as_linear(x)
-        weight = mx.dequantize(self["weight"], self["scales"], self.get("biases"), group_size=self.group_size,
-                               bits=self.bits, mode=self.mode).astype(x.dtype)
-        return x @ weight.T
+        y = _dense_product(self, x)
+        return super().as_linear(x) if y is None else y
 
 
 def _weights(module) -> int:

@@ -76,13 +76,17 @@ class ActorClient:
             self.pump(100, answer_session=False)
         return self.welcome
 
-    def submit(self, group: TrajectoryGroup, timeout_s: float = 600.0) -> None:
-        """Send a group once a window slot is free; it is kept until acknowledged."""
+    def wait_for_room(self, count: int = 1, timeout_s: float = 600.0) -> None:
+        """Wait until `count` more groups fit in the window (at least one always fits an empty window)."""
         deadline = time.monotonic() + timeout_s
-        while len(self.outbox) >= self.window and self.shutdown_reason is None:
+        while len(self.outbox) > max(0, self.window - count) and self.shutdown_reason is None:
             if time.monotonic() > deadline:
                 raise LearnerGone(f"no acknowledgement from the learner within {timeout_s:.0f} s")
             self.pump(50)
+
+    def submit(self, group: TrajectoryGroup, timeout_s: float = 600.0) -> None:
+        """Send a group once a window slot is free; it is kept until acknowledged."""
+        self.wait_for_room(1, timeout_s)
         if self.shutdown_reason is not None:
             return  # the learner is closing: a group sent now would go unanswered and break the ledger
         frames = encode(group)

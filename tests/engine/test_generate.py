@@ -88,3 +88,17 @@ def test_model_parts_split_is_exact(policy):
     tokens = mx.array([[1, 4, 6, 24, 21, 7]])
     assert parts.split
     assert mx.array_equal(parts.head(parts.trunk(tokens)), model(tokens))
+
+
+def test_chunked_prefill_with_the_portable_rope(policy):
+    """The CUDA path (PortableRoPE with per-row offsets), chunked: still each row's own logits."""
+    from artmlx.model.rope import use_portable_rope
+
+    model, _ = tiny_policy(perturb=0.02)
+    rng = np.random.default_rng(3)
+    prompts = _chunks(rng, (9, 2, 14))
+    expected = np.stack([np.array(model(mx.array([p]))[0, -1]) for p in prompts])
+    assert use_portable_rope(model) == len(model.layers)
+    engine = Engine(model, MemoryPlan(budget=0, shape=ModelShape.of(model)))
+    logits = engine.prefill(engine.new_cache(len(prompts)), prompts)
+    np.testing.assert_allclose(np.array(logits), expected, atol=2e-4, rtol=1e-4)

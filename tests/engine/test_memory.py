@@ -96,3 +96,10 @@ def _flat(groups):
     episodes = [e for g in groups for e in g.episodes]
     members = [list(range(i * len(g.episodes), (i + 1) * len(g.episodes))) for i, g in enumerate(groups)]
     return episodes, np.zeros(len(episodes), np.float32), members
+
+
+def test_no_micro_batch_makes_a_logits_array_past_two_to_the_31():
+    """A huge budget does not make the head's (policy tokens x vocabulary) array unaddressable with int32."""
+    plan = MemoryPlan(budget=1000 * GB, shape=QWEN_05B, device="gpu")
+    for fraction in (1.0, 0.3):
+        assert plan.train_tokens(512, fraction) * fraction * QWEN_05B.vocab < 2**31

@@ -37,6 +37,30 @@ def test_window_limits_unacknowledged_groups():
     hub.stop()
 
 
+def test_actor_waits_until_a_whole_batch_fits_the_window():
+    """An actor starts a batch only when all of it fits, so it samples with the newest adapter by then."""
+    hub = HubThread(hold=True, max_in_flight=4)
+    client = ActorClient(ActorSocket(hub.address), "a")
+    client.hello("fp")
+    for _ in range(3):
+        client.submit(make_group())
+    client.wait_for_room(1, timeout_s=0.5)  # one slot is free
+    with pytest.raises(LearnerGone):
+        client.wait_for_room(2, timeout_s=0.5)  # two are not, while the learner holds three
+    assert wait_for(lambda: len(hub.received) == 3, client)
+    hub.call(lambda h: h.consume(hub.received[0].group_id, "trained"))
+    client.wait_for_room(2, timeout_s=10)
+    assert len(client.outbox) == 2
+    # A batch larger than the window waits for an empty window (then submit paces it group by group).
+    with pytest.raises(LearnerGone):
+        client.wait_for_room(9, timeout_s=0.5)
+    hub.call(lambda h: [h.consume(g.group_id, "trained") for g in hub.received[1:]])
+    client.wait_for_room(9, timeout_s=10)
+    assert not client.outbox
+    client.socket.close()
+    hub.stop()
+
+
 def test_learner_restart_resends_unacknowledged_groups_without_double_counting():
     address = f"tcp://127.0.0.1:{free_port()}"
     first = HubThread(bind=address, hold=True)
