@@ -15,16 +15,27 @@ Sizing rules (all in `MemoryPlan`):
   (logits, tempered logits, exponentials, logprobs, uniform and Gumbel noise; 6 MB a row for Qwen).
   Rows that fit are `KV_SHARE` of what the weights leave.
 - Rows per batch are the fewer of what fits and `DEVICE_ROWS` for the backend (beyond it decode
-  throughput no longer grows). An actor generates `rows // G` groups per batch, at most its share of
+  throughput no longer grows: on the H200, 0.5B shape, 2,011 / 4,977 / 5,937 tok/s at 64 / 256 / 512
+  rows; on a 2-core CPU, 0.5B shape, 3 / 4 / 4 tok/s at 16 / 32 / 64 rows, and tic-tac-toe with the
+  tiny model 5.5 / 7.8 / 7.5 / 7.9 groups/s at 16 / 32 / 64 / 128 rows; larger CPU batches only
+  make an actor's batches slower to arrive: `artmlx run` on 2 cores took 4.3 s per update with
+  32-row batches against 6.2 s with 64). An actor generates `rows // G` groups per batch, at most its share of
   an update (`artmlx run`'s windows follow that number).
 - Prefill chunks: as many tokens per forward as `WORKSPACE_SHARE` of the free memory holds at
   `prefill_bytes_per_token`: every layer's activations, since a forward's buffers are released only
   as the device finishes with them (measured on the H200: 0.8 MB per token for Qwen2.5-0.5B in
   bfloat16, all 24 layers' worth; 0.55 MB on the CPU in float32, where work runs op by op).
-- Learner micro-batches: as many padded tokens as `WORKSPACE_SHARE` of the free memory holds at
+- Learner micro-batches: as many padded tokens as `TRAIN_SHARE` of the free memory holds at
   `train_bytes_per_token`: every layer's saved activations and attention probabilities for the
   backward pass, plus, for the share of tokens the policy sampled, `HEAD_BYTES_PER_VOCAB` bytes per
   vocabulary entry (the float32 logits, their exponentials and gradient: 2.4 MB a token for Qwen).
+  No KV cache is alive during a training step, so on the GPU the step may use most of the budget:
+  measured on the H200 (0.5B shape, bfloat16, MLX's own attention), peak 11.8 / 34.9 GB at 2,048 /
+  8,192-token micro-batches of 512-token sequences and 11.1 / 35.6 GB at 1,024 tokens: 3.8-4.0 MB a
+  token, against 4.0 / 5.3 MB from this rule with `TRAIN_SCORES["gpu"]`. (With the CPU's constants
+  the rule said 5.4 / 8.1 MB and a 32 GB budget gave micro-batches of one sequence.) The dense
+  copies of 4-bit layers that dequantize per product (`model/backend.py`) all stay alive until the
+  backward pass has used them: 1 GB for the 0.5B shape, 15 GB for 7B, taken off the budget first.
 Whatever the budget, a micro-batch's policy tokens x vocabulary stays below `MAX_ARRAY_ELEMENTS`:
 on the H200, MLX 0.32.4 gave wrong values (off by up to 22.6 in the logits) for a prefill that made
 one 128 x 301 x 151,936 array (5.9e9 elements, past 2^31), so no array we make may reach that size.
@@ -44,11 +55,13 @@ from mlx.utils import tree_flatten
 DEFAULT_FRACTION = 0.75
 KV_SHARE = 0.6
 WORKSPACE_SHARE = 0.3
-DEVICE_ROWS = {"cpu": 256, "gpu": 256}
+DEVICE_ROWS = {"cpu": 32, "gpu": 256}
 # Bytes per token per layer, as multiples of (hidden, intermediate) x activation bytes, plus attention
 # scores and probabilities in float32 per head per key. Fitted to MLX's peak-memory counter (module docstring).
 PREFILL_DENSE = {"gpu": (4, 3), "cpu": (2, 1)}
-TRAIN_HIDDEN, TRAIN_MLP, TRAIN_SCORES = 16, 6, 3
+TRAIN_HIDDEN, TRAIN_MLP = 16, 6
+TRAIN_SCORES = {"gpu": 1, "cpu": 3}
+TRAIN_SHARE = {"gpu": 0.6, "cpu": WORKSPACE_SHARE}
 DECODE_BYTES_PER_VOCAB = 40
 HEAD_BYTES_PER_VOCAB = 16
 MAX_ARRAY_ELEMENTS = (1 << 31) - 1
@@ -87,6 +100,10 @@ def apply_limits(budget: int) -> None:
     mx.set_cache_limit(budget // 4)
 
 
+def _dense_weights(module) -> int:
+    return module["weight"].shape[0] * module["weight"].shape[1] * 32 // module.bits
+
+
 @dataclass(frozen=True)
 class ModelShape:
     layers: int
@@ -98,6 +115,7 @@ class ModelShape:
     vocab: int
     activation_bytes: int
     weight_bytes: int
+    dense_copy_bytes: int = 0  # dense copies of the 4-bit layers that dequantize per product (model/backend.py)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
@@ -111,7 +129,9 @@ class ModelShape:
                    intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    vocab=args.vocab_size, activation_bytes=activation_bytes,
-                   weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())))
+                   weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+                   dense_copy_bytes=sum(_dense_weights(m) * activation_bytes for _, m in model.named_modules()
+                                        if getattr(m, "dequant_rows", 0)))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -121,10 +141,10 @@ class ModelShape:
         hidden, mlp = PREFILL_DENSE[device]
         return self.layers * (hidden * self.hidden + mlp * self.intermediate) * self.activation_bytes + 8 * self.heads * context
 
-    def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0) -> int:
+    def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0, device: str = "gpu") -> int:
         dense = (TRAIN_HIDDEN * self.hidden + TRAIN_MLP * self.intermediate) * self.activation_bytes
         head = policy_fraction * HEAD_BYTES_PER_VOCAB * self.vocab
-        return int(self.layers * (dense + TRAIN_SCORES * 4 * self.heads * length) + head)
+        return int(self.layers * (dense + TRAIN_SCORES[device] * 4 * self.heads * length) + head)
 
 
 @dataclass(frozen=True)
@@ -151,8 +171,10 @@ class MemoryPlan:
 
     def train_tokens(self, length: int, policy_fraction: float = 1.0) -> int:
         """Padded tokens one learner micro-batch may hold at sequences of `length` (never less than one)."""
-        per_token = self.shape.train_bytes_per_token(length, policy_fraction)
-        fits = int(self.free * WORKSPACE_SHARE // per_token)
+        per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device)
+        # A training step keeps every dequantized weight for its backward pass (the product's gradient needs it).
+        workspace = max(self.free - self.shape.dense_copy_bytes, 0) * TRAIN_SHARE[self.device]
+        fits = int(workspace // per_token)
         addressable = int(0.9 * MAX_ARRAY_ELEMENTS / self.shape.vocab / max(policy_fraction, 1e-3))
         return max(length, min(fits, addressable))
 

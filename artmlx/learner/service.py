@@ -26,6 +26,7 @@ from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env, outcomes_of
 from ..evaluate import evaluate
 from ..metrics import MetricsLog
+from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
 from ..protocol.convert import message_to_group
 from ..protocol.hub import LearnerHub
@@ -43,6 +44,7 @@ class LearnerService:
                  resume: bool = False, echo: bool = True, live: bool | None = None):
         self.config = config
         self.run_dir = prepare_run_dir(config, resume)
+        prefer_training_attention()
         budget = resolve_budget(config.memory_budget_gb)
         apply_limits(budget)
         mx.random.seed(config.seed)

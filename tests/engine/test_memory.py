@@ -1,5 +1,7 @@
 """Memory budgets: the sizing rules, and MLX's own peak-memory counter against them on a real vocabulary."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -28,6 +30,37 @@ def test_kv_cache_rule_for_the_qwen_half_billion_shape():
     # Chunks and micro-batches shrink as contexts grow; both stay within the workspace share.
     assert plan.prefill_tokens(256) >= plan.prefill_tokens(4096) >= 16
     assert plan.train_tokens(256, 0.5) > plan.train_tokens(1024, 0.5) > 1024
+
+
+def test_training_micro_batches_leave_room_for_dequantized_copies():
+    """The dense copies that 4-bit layers keep for the backward pass come off the budget before tokens do."""
+    from dataclasses import replace
+    plan = MemoryPlan(budget=32 * GB, shape=QWEN_05B, device="gpu")
+    with_copies = MemoryPlan(budget=32 * GB, shape=replace(QWEN_05B, dense_copy_bytes=16 * GB), device="gpu")
+    assert plan.train_tokens(865, 0.6) > with_copies.train_tokens(865, 0.6) > 865
+    per_token = QWEN_05B.train_bytes_per_token(865, 0.6, "gpu")
+    assert with_copies.train_tokens(865, 0.6) * per_token <= 0.6 * (32 * GB - QWEN_05B.weight_bytes - 16 * GB)
+    # Nothing left for activations still trains one sequence at a time rather than none.
+    assert MemoryPlan(budget=GB, shape=replace(QWEN_05B, dense_copy_bytes=4 * GB), device="gpu").train_tokens(865) == 865
+
+
+def test_a_loaded_model_counts_the_copies_of_its_dequantizing_layers(synth_policy):
+    model, _ = synth_policy
+    shape = plan_for(model, GB).shape
+    dequantizing = [m for _, m in model.named_modules() if getattr(m, "dequant_rows", 0)]
+    assert dequantizing  # on the CPU the large 4-bit layers dequantize (model/backend.py)
+    assert shape.dense_copy_bytes == sum(m["weight"].shape[0] * m["weight"].shape[1] * 32 // m.bits * 4
+                                         for m in dequantizing)  # float32 on the CPU
+
+
+def test_training_processes_choose_mlx_attention_unless_the_user_chose(monkeypatch):
+    from artmlx.model.backend import prefer_training_attention
+    monkeypatch.delenv("MLX_CUDA_USE_CUDNN_SDPA", raising=False)
+    prefer_training_attention()
+    assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
+    monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "1")
+    prefer_training_attention()
+    assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
 
 
 def test_budget_resolution_and_limits(monkeypatch):
