@@ -5,8 +5,8 @@
 the caller passes, e.g. the run seed or ids of consumed groups). MLX's global RNG state cannot be
 set from Python, so the training loop re-seeds it from (seed, step) at every update: the seed and
 step in this file are the RNG state. A checkpoint is written into a
-hidden temporary folder and renamed into place, so a crash never leaves a half-written one; only
-folders named `step_*` count.
+hidden temporary folder, fsynced and renamed into place, so a crash never leaves a half-written one;
+only folders named `step_*` count. Re-saving a step keeps the old folder until the new one is in.
 """
 
 from __future__ import annotations
@@ -32,28 +32,54 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_model: str,
                     extra: dict | None = None, keep: int = 2) -> Path:
+    """Write, fsync, rename into place; the previous checkpoint of this step (if any) goes only after.
+
+    A failure (e.g. a full disk) removes the partial folder and re-raises, leaving every earlier
+    checkpoint loadable."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{trainer.step:06d}"
     staging = root / f".tmp_step_{trainer.step:06d}"
+    replaced = root / f".old_step_{trainer.step:06d}"
     shutil.rmtree(staging, ignore_errors=True)
-    save_adapters(trainer.model, staging, spec, base_model)
-    arrays = {f"optimizer.{k}": v for k, v in tree_flatten(trainer.optimizer.state)}
-    mx.save_safetensors(str(staging / STATE_ARRAYS), arrays)
-    state = {"step": trainer.step, "policy_version": trainer.policy_version, "extra": extra or {}}
-    (staging / STATE_JSON).write_text(json.dumps(state, indent=2))
-    if final.exists():
-        shutil.rmtree(final)
+    try:
+        save_adapters(trainer.model, staging, spec, base_model)
+        arrays = {f"optimizer.{k}": v for k, v in tree_flatten(trainer.optimizer.state)}
+        mx.save_safetensors(str(staging / STATE_ARRAYS), arrays)
+        state = {"step": trainer.step, "policy_version": trainer.policy_version, "extra": extra or {}}
+        (staging / STATE_JSON).write_text(json.dumps(state, indent=2))
+        for item in [*staging.iterdir(), staging]:
+            _fsync(item)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if final.exists():  # the same step saved again: keep the old one until the new one is in place
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
     os.replace(staging, final)
+    _fsync(root)
+    shutil.rmtree(replaced, ignore_errors=True)
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoint_dir(run_dir)
     if not root.exists():
         return []
+    for replaced in root.glob(".old_step_*"):  # a crash between the two renames of a re-save
+        final = root / replaced.name.removeprefix(".old_")
+        if not final.exists():
+            os.replace(replaced, final)
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
 
 

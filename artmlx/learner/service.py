@@ -28,6 +28,7 @@ from ..evaluate import evaluate
 from ..metrics import MetricsLog
 from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
+from ..protocol.admission import GroupLimits
 from ..protocol.convert import message_to_group
 from ..protocol.hub import LearnerHub
 from ..protocol.sockets import LearnerSocket
@@ -54,17 +55,20 @@ class LearnerService:
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
         self.trainer = GRPOTrainer(self.model, config, self.plan)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
-        consumed: set[str] = set()
+        consumed: dict[str, int] | list[str] = {}
         self.elapsed_before = 0.0
         if resume:
             extra = load_checkpoint(latest_checkpoint(self.run_dir), self.trainer)
-            consumed = set(extra.get("consumed", []))
+            consumed = extra.get("consumed", {})  # group id -> policy version (a list in older checkpoints)
             self.elapsed_before = extra.get("time", 0.0)
             self.log.truncate_after(self.trainer.step)
         self.fingerprint = fingerprint(config.model, self.spec)
+        limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=self.model.args.vocab_size,
+                             max_tokens=config.max_episode_tokens + config.max_reply_tokens,
+                             max_turns=config.max_turns, max_reply_tokens=config.max_reply_tokens)
         self.hub = LearnerHub(LearnerSocket(bind, keys=keys, insecure=insecure), dataclasses.asdict(config),
                               self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed,
-                              share=config.share_of_update)
+                              share=config.share_of_update, limits=limits, groups_per_update=config.groups_per_step)
         self.hub.policy_version = self.trainer.policy_version
         self.eval_engine = EpisodeRollouts(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
                                            SamplingParams.from_config(config), self.plan)
@@ -130,6 +134,9 @@ class LearnerService:
                     "step", "reward_mean", "learner_idle_frac", "gen_tokens_per_s", "train_tokens_per_s")})
                 window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
                 self._after_update()
+        except BaseException as error:  # the final row and the actors must say it crashed, not finished
+            self.stop_reason = self.stop_reason or f"learner crashed: {type(error).__name__}: {error}"
+            raise
         finally:
             self._finish()
         return self.run_dir
@@ -142,7 +149,8 @@ class LearnerService:
         keep = []
         for message in self.buffer:
             if version - message.policy_version > limit:
-                self.hub.consume(message.group_id, "stale", f"sampled at v{message.policy_version}, learner at v{version}")
+                self.hub.consume(message.group_id, "stale", f"sampled at v{message.policy_version}, learner at v{version}",
+                                 policy_version=message.policy_version)
             else:
                 keep.append(message)
         self.buffer = keep
@@ -158,7 +166,9 @@ class LearnerService:
         seconds = time.perf_counter() - started
         stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
         for message in batch:
-            self.hub.consume(message.group_id, "trained")
+            self.hub.consume(message.group_id, "trained", policy_version=message.policy_version)
+        # Ids sampled before the staleness bound need no remembering: a resend of one is dropped as stale.
+        self.hub.forget_consumed(self.trainer.policy_version - self.config.max_staleness)
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         return {
             "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
@@ -196,14 +206,18 @@ class LearnerService:
         self._show(phase="checkpointing")
         self.checkpointed_step = self.trainer.step
         save_checkpoint(self.run_dir, self.trainer, self.spec, self.config.model,
-                        {"time": self._now(), "seed": self.config.seed, "consumed": sorted(self.hub.consumed)},
+                        {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items()))},
                         keep=self.config.keep_checkpoints)
         save_adapters(self.model, self.run_dir / "adapters", self.spec, self.config.model)
 
     def _finish(self) -> None:
+        checkpoint_error = ""
         if self.checkpointed_step != self.trainer.step:
-            self._checkpoint()
-        reason = self.stop_reason or f"training finished after {self.trainer.step} updates"
+            try:
+                self._checkpoint()
+            except OSError as error:  # e.g. a full disk: the previous checkpoint stays; the actors must still hear
+                checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
+        reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
         self._show(phase="stopping actors")
         self.hub.shutdown(reason)
         self._show(phase=f"done: {reason}")

@@ -61,7 +61,8 @@ def render(state: dict) -> Group:
         actors.add_column(column, justify="left" if column in ("actor", "host") else "right")
     for actor in sorted(state["actors"], key=lambda a: a["name"]):
         stats = actor["stats"]
-        actors.add_row(actor["name"], actor["host"], f"v{actor['policy_version']}", str(actor["in_flight"]),
+        # Text cells are never parsed as markup (names come from actors; the hub made them printable too).
+        actors.add_row(Text(actor["name"]), Text(actor["host"]), f"v{actor['policy_version']}", str(actor["in_flight"]),
                        optional(stats.get("gen_tokens_per_s"), ",.0f"), str(stats.get("groups_sent", "-")),
                        f"{actor['seen_s_ago']} s ago")
     if not state["actors"]:

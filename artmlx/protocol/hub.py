@@ -20,6 +20,24 @@
   them is answered with shutdown again.
 - publish(): one encoding of the adapter, sent to every live actor without blocking; an actor whose
   queue was full gets it on its next heartbeat.
+
+Hardening (an actor with a valid key may be buggy or hostile):
+- every group is checked against the run (`admission.group_problem`: group size, vocabulary,
+  lengths, rewards, logprobs, env, sender); a bad one is rejected with the reason, acknowledged,
+  counted, and never handed to the trainer;
+- windows are enforced: a group beyond the largest window the actor was told in the last
+  `WINDOW_GRACE_S` is rejected ("over its window");
+- liveness: when the learner has waited `stall_s` for groups with none arriving, every actor's
+  window grows by what the next update still lacks, so the actors that are producing can fill it
+  alone; a silent actor's share thus returns to the others within seconds, not at its timeout;
+- `poll` handles at most `POLL_MAX_MESSAGES` messages and returns at its deadline even under a
+  flood; status requests are answered at most `STATUS_PER_S` times a second in all (and once per
+  `STATUS_INTERVAL_S` per client); the rest are dropped and counted;
+- an actor gets the adapter only after a hello with the run's fingerprint (it loaded the model);
+  at most `max_actors` are known at once; departed actors' counts beyond `MAX_DEPARTED` are folded
+  into one total; consumed group ids older than the staleness bound are forgotten (a resend of one
+  is then dropped as stale by the learner instead of as a duplicate);
+- names and stats are typed and made printable before anything stores or shows them.
 """
 
 from __future__ import annotations
@@ -30,12 +48,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket
 
 REJOIN = ""  # the session a learner answers an actor it does not know with
+POLL_MAX_MESSAGES = 512
+STATUS_PER_S = 20.0
+STATUS_INTERVAL_S = 0.2
+WINDOW_GRACE_S = 10.0
+MAX_DEPARTED = 1024
 
 
 @dataclass
@@ -51,13 +75,17 @@ class ActorInfo:
     stats: dict = field(default_factory=dict)
     in_flight: int = 0
     heard: float = 0.0  # the hub's listening clock when this actor was last heard
+    loaded: bool = False  # said hello with the run's fingerprint: it has the model and may get adapters
+    told: list = field(default_factory=list)  # (time, window) told recently, for enforcing the window
 
 
 class LearnerHub:
     def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str,
                  max_in_flight: int | Callable[[int, int], int] = 4,
-                 actor_timeout_s: float = 60.0, consumed: set[str] | None = None,
-                 share: Callable[[int], int] | None = None):
+                 actor_timeout_s: float = 60.0, consumed: dict[str, int] | set[str] | None = None,
+                 share: Callable[[int], int] | None = None, limits: GroupLimits | None = None,
+                 groups_per_update: int = 0, stall_s: float = 3.0, max_actors: int = 256,
+                 keep_consumed_versions: int = 3):
         self.socket = socket
         self.run_config = run_config
         self.fingerprint = fingerprint
@@ -66,7 +94,14 @@ class LearnerHub:
         self.actor_timeout_s = actor_timeout_s
         self.session = uuid.uuid4().hex
         self.actors: dict[bytes, ActorInfo] = {}
-        self.consumed: set[str] = set(consumed or ())
+        # Group id -> policy version it was sampled at (a legacy checkpoint's plain list: version 0).
+        self.consumed: dict[str, int] = dict(consumed) if isinstance(consumed, dict) else dict.fromkeys(consumed or (), 0)
+        self.limits = limits  # None: schema checks only (protocol unit tests); the learner always sets them
+        self.groups_per_update = groups_per_update
+        self.stall_s = stall_s
+        self.max_actors = max_actors
+        self.keep_consumed_versions = keep_consumed_versions
+        self._last_arrival = 0.0  # listening clock of the last group, or of the last consume
         self.waiting: dict[str, bytes] = {}
         self.policy_version = 0
         self._adapter_frames: list | None = None
@@ -75,6 +110,9 @@ class LearnerHub:
         self.closing: str | None = None
         self.extra_status: dict = {}
         self.departed: dict[bytes, dict] = {}  # last stats of actors that left or were lost, for the ledger
+        self.departed_totals: collections.Counter = collections.Counter()  # of those beyond MAX_DEPARTED
+        self._status_times: collections.deque = collections.deque()
+        self._status_by_client: dict[bytes, float] = {}
         # Seconds spent inside poll(): silence is only held against an actor while the hub listened,
         # so a learner busy for longer than the timeout (a long eval) does not lose its actors.
         self._listened = 0.0
@@ -86,7 +124,7 @@ class LearnerHub:
         deadline = self._poll_started + timeout_ms / 1000
         groups = []
         try:
-            while True:
+            for _ in range(POLL_MAX_MESSAGES):  # a flood of messages cannot keep the learner in here
                 remaining = max(0, int((deadline - time.monotonic()) * 1000))
                 received = self.socket.receive(remaining if not groups else 0)
                 if received is None:
@@ -95,6 +133,8 @@ class LearnerHub:
                 group = self._handle(identity, message)
                 if group is not None:
                     groups.append(group)
+                if time.monotonic() > deadline:
+                    break
         finally:
             self._listened += time.monotonic() - self._poll_started
             self._poll_started = None
@@ -116,7 +156,10 @@ class LearnerHub:
                 self._hello(identity, message)
             return None
         if isinstance(message, StatusRequest):
-            self.socket.send(identity, StatusReply(state=self.status()))
+            if self._status_allowed(identity):
+                self.socket.send(identity, StatusReply(state=self.status()))
+            else:
+                self.counts["status_dropped"] += 1
             return None
         info = self.actors.get(identity)
         if info is None:
@@ -129,20 +172,19 @@ class LearnerHub:
         self._heard(info)
         if self.closing is not None:
             # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
-            if isinstance(message, Heartbeat) and message.stats.get("leaving"):
-                self.departed[identity] = message.stats
-                del self.actors[identity]
+            if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
+                self._depart(identity, typed_stats(message.stats))
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
             return None
         if isinstance(message, Heartbeat):
-            info.policy_version, info.stats = message.policy_version, message.stats
-            admission = {"window": self.window(info)}
+            info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
+            admission = {"window": self._tell_window(info)}
             if self.share is not None:
                 admission["share"] = max(1, int(self.share(max(1, len(self.actors)))))
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
                                                  policy_version=self.policy_version, stats=admission))
-            if info.adapter_sent < self.policy_version:
+            if info.loaded and info.adapter_sent < self.policy_version:
                 self._send_adapter(info)
             return None
         if isinstance(message, TrajectoryGroup):
@@ -162,17 +204,24 @@ class LearnerHub:
             self.socket.send(identity, Refuse(reason=reason))
             return
         info = self.actors.get(identity)
+        if info is None and len(self.actors) >= self.max_actors:
+            reason = f"the learner already has {self.max_actors} actors (max_actors)"
+            self.socket.rejections.reject("refused", reason, printable(hello.actor))
+            self.socket.send(identity, Refuse(reason=reason))
+            return
         if info is None:
             now = time.monotonic()
-            info = ActorInfo(identity, hello.actor, hello.host, self._next_index, now, now)
+            info = ActorInfo(identity, printable(hello.actor), printable(hello.host), self._next_index, now, now)
             self._next_index += 1
             self.actors[identity] = info
             self.departed.pop(identity, None)  # an expired actor rejoining: its counts are current again
         self._heard(info)
+        info.loaded = info.loaded or hello.fingerprint == self.fingerprint
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
-                                           max_in_flight=self.window(info), actor_index=info.index))
-        self._send_adapter(info)  # only if this actor does not have the current one yet
+                                           max_in_flight=self._tell_window(info), actor_index=info.index))
+        if info.loaded:
+            self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
         self.counts["received"] += 1
@@ -186,24 +235,30 @@ class LearnerHub:
             return None
         reason = ""
         if group.fingerprint != self.fingerprint:
-            reason = f"fingerprint {group.fingerprint} is not the run's {self.fingerprint}"
+            reason = f"fingerprint {printable(group.fingerprint)} is not the run's {self.fingerprint}"
         elif group.policy_version > self.policy_version:
             reason = f"policy version {group.policy_version} is ahead of the learner's {self.policy_version}"
+        elif info.in_flight >= self._allowance(info):
+            reason = f"over its window: {info.in_flight} groups already waiting (window {self.window(info)})"
+        elif self.limits is not None:
+            reason = group_problem(group, self.limits, info.name)
         if reason:
-            self.consumed.add(group.group_id)
+            self.consumed[group.group_id] = group.policy_version
             self.socket.rejections.reject("out_of_range", reason, info.name)
             self.counts["rejected"] += 1
             self.socket.send(info.identity, Ack(group.group_id, "rejected", reason))
             return None
         self.waiting[group.group_id] = info.identity
         info.in_flight += 1
+        self._last_arrival = self._listening_clock()
         return info, group
 
-    def consume(self, group_id: str, status: str, reason: str = "") -> None:
+    def consume(self, group_id: str, status: str, reason: str = "", policy_version: int = 0) -> None:
         """The caller is done with a group (trained, stale, rejected): acknowledge it to its actor."""
         identity = self.waiting.pop(group_id, None)
-        self.consumed.add(group_id)
+        self.consumed[group_id] = policy_version
         self.counts[status] += 1
+        self._last_arrival = self._listening_clock()  # progress: the stall clock starts again
         if identity is None:
             return
         info = self.actors.get(identity)
@@ -212,12 +267,61 @@ class LearnerHub:
         self.socket.send(identity, Ack(group_id, status, reason))
 
     def window(self, info: ActorInfo | None = None) -> int:
-        """An actor's flow-control window now (it shrinks as actors join: capacity-based admission)."""
+        """An actor's flow-control window now (it shrinks as actors join: capacity-based admission),
+        grown by what the next update lacks while the learner is stalled (see the module docstring)."""
         if callable(self.max_in_flight):
             batch = info.stats.get("groups_per_batch", 0) if info is not None else 0
-            batch = batch if isinstance(batch, int) and 0 < batch < 1 << 16 else 0
-            return max(1, int(self.max_in_flight(max(1, len(self.actors)), batch)))
-        return self.max_in_flight
+            batch = int(batch) if isinstance(batch, (int, float)) and 0 < batch < 1 << 16 else 0
+            window = max(1, int(self.max_in_flight(max(1, len(self.actors)), batch)))
+        else:
+            window = self.max_in_flight
+        if info is not None and self.stalled():
+            window = max(window, info.in_flight + self.groups_per_update - len(self.waiting))
+        return window
+
+    def stalled(self) -> bool:
+        """The next update lacks groups and none has arrived (or been consumed) for `stall_s`."""
+        return (0 < self.groups_per_update and len(self.waiting) < self.groups_per_update
+                and self._listening_clock() - self._last_arrival > self.stall_s)
+
+    def _tell_window(self, info: ActorInfo) -> int:
+        window = self.window(info)
+        now = time.monotonic()
+        info.told = [(t, w) for t, w in info.told if now - t < WINDOW_GRACE_S][-16:] + [(now, window)]
+        return window
+
+    def _allowance(self, info: ActorInfo) -> int:
+        """Groups this actor may have waiting: the largest window it was told recently (or now)."""
+        now = time.monotonic()
+        return max([self.window(info)] + [w for t, w in info.told if now - t < WINDOW_GRACE_S])
+
+    def _status_allowed(self, identity: bytes) -> bool:
+        now = time.monotonic()
+        while self._status_times and now - self._status_times[0] > 1.0:
+            self._status_times.popleft()
+        if len(self._status_times) >= STATUS_PER_S or now - self._status_by_client.get(identity, -1e9) < STATUS_INTERVAL_S:
+            return False
+        self._status_times.append(now)
+        if len(self._status_by_client) > 4 * self.max_actors:
+            self._status_by_client.clear()
+        self._status_by_client[identity] = now
+        return True
+
+    def _depart(self, identity: bytes, stats: dict) -> None:
+        self.actors.pop(identity, None)
+        self.departed.pop(identity, None)
+        self.departed[identity] = stats
+        while len(self.departed) > MAX_DEPARTED:
+            oldest = next(iter(self.departed))
+            self.departed_totals.update({k: v for k, v in self.departed.pop(oldest).items()
+                                         if k in ("groups_sent", "groups_resent", "groups_unacked")})
+
+    def forget_consumed(self, before_version: int) -> int:
+        """Drop consumed ids sampled before `before_version` (their resends are stale anyway)."""
+        old = [group_id for group_id, version in self.consumed.items() if version < before_version]
+        for group_id in old:
+            del self.consumed[group_id]
+        return len(old)
 
     def status(self) -> dict:
         """What `artmlx status` prints: counters, and per actor its version, liveness and stats."""
@@ -238,7 +342,7 @@ class LearnerHub:
         `unaccounted` is 0 in a clean run and otherwise counts groups lost with a killed process.
         Counts restart with a learner process, so after `--resume` the ledger covers this process only.
         """
-        reports = [*self.departed.values(), *(info.stats for info in self.actors.values())]
+        reports = [self.departed_totals, *self.departed.values(), *(info.stats for info in self.actors.values())]
         sent = sum(int(r.get("groups_sent", 0)) for r in reports)
         in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
         settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
@@ -269,7 +373,7 @@ class LearnerHub:
         cutoff = self._listening_clock() - self.actor_timeout_s
         for identity in [i for i, info in self.actors.items() if info.heard < cutoff]:
             self.counts["actors_lost"] += 1
-            self.departed[identity] = self.actors.pop(identity).stats
+            self._depart(identity, self.actors[identity].stats)
 
     def shutdown(self, reason: str, drain_s: float = 5.0) -> None:
         """Tell every actor to stop, and wait (up to `drain_s`) until each has said it is leaving.

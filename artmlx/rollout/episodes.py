@@ -88,6 +88,9 @@ class EpisodeRollouts:
             if any(m != messages[0] for m in messages):
                 raise ValueError(f"env.reset({seed}) returned different messages for one seed; it must be deterministic")
             prompt = self.chat.prompt_ids(messages[0])
+            if len(prompt) >= self.sampling.max_episode_tokens:
+                raise ValueError(f"env.reset({seed}) gave a prompt of {len(prompt)} tokens, not less than "
+                                 f"max_episode_tokens ({self.sampling.max_episode_tokens}); raise max_episode_tokens")
             openings.append(prompt)
             for env in envs:
                 episode = Episode(list(prompt), [False] * len(prompt), [0.0] * len(prompt))
@@ -143,10 +146,12 @@ class EpisodeRollouts:
         episode.info = dict(result.info)
         if result.done:
             return False
-        if turn + 1 >= self.sampling.max_turns or len(episode.tokens) >= self.sampling.max_episode_tokens:
+        continuation = self.chat.continuation_ids(result.messages, reply[-1] if reply else None)
+        # An episode ends before the environment's answer would take it to max_episode_tokens, so no
+        # transcript exceeds max_episode_tokens + max_reply_tokens (the learner rejects longer ones).
+        if turn + 1 >= self.sampling.max_turns or len(episode.tokens) + len(continuation) >= self.sampling.max_episode_tokens:
             episode.truncated = True
             return False
-        continuation = self.chat.continuation_ids(result.messages, reply[-1] if reply else None)
         episode.tokens += continuation
         episode.policy_mask += [False] * len(continuation)
         episode.logprobs += [0.0] * len(continuation)

@@ -45,10 +45,10 @@ class HubThread:
     """Runs hub.poll in a thread; groups that arrive are consumed as `trained` unless `hold`."""
 
     def __init__(self, bind="tcp://127.0.0.1:0", keys=None, hold=False, consumed=None, max_in_flight=4,
-                 actor_timeout_s=10.0):
+                 actor_timeout_s=10.0, **hub_options):
         self.socket = LearnerSocket(bind, keys=keys)
         self.hub = LearnerHub(self.socket, {"env": "tictactoe"}, "fp", max_in_flight=max_in_flight,
-                              consumed=consumed, actor_timeout_s=actor_timeout_s)
+                              consumed=consumed, actor_timeout_s=actor_timeout_s, **hub_options)
         self.hold = hold
         self.received = []
         self.lock = threading.Lock()
