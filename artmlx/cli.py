@@ -105,6 +105,9 @@ def actor_main() -> None:
 @train_options
 def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, out, resume, settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
+    from .launch import watch_parent
+
+    watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
     try:
         config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
                                                   "out": out}, settings, resume)
@@ -128,7 +131,10 @@ def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, o
               help="Memory this actor may use; 0 = 75 % of this machine's device (shared by the processes on it).")
 def actor(connect, name, keys, actor_key, memory_budget_gb):
     """An actor process: samples groups with the learner's current adapter and streams them to it."""
+    from .launch import watch_parent
     from .protocol.client import ActorRefused
+
+    watch_parent()
 
     try:
         from .actor.service import ActorService

@@ -9,6 +9,14 @@ Ctrl-C stops the learner first (it checkpoints) and then the actors. No process 
 and the exit status is the learner's. On a terminal the learner draws its live view and the
 actors write to RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
 
+Supervision: SIGTERM and SIGHUP stop a run like Ctrl-C (learner first, it checkpoints, then the
+actors). Children die with `artmlx run` even when it is killed outright: on Linux the kernel sends
+them SIGTERM (`PR_SET_PDEATHSIG`), and on every system each child watches its parent
+(`watch_parent`: when it is re-parented, it stops itself as if signalled). A crashing actor is
+restarted after a pause that doubles from `RESTART_DELAY_S` (to `RESTART_DELAY_MAX_S`) while it
+keeps crashing within `STABLE_S` of its start; after `MAX_QUICK_CRASHES` such crashes in a row
+it is left down and the run says why (the other actors and the learner go on).
+
 Placement: `actor_devices` gives actor i the entry i (cycling): a GPU index (the process sees only
 that GPU, `CUDA_VISIBLE_DEVICES`, so a multi-GPU host stands in for several machines) or `cpu`
 (MLX's CPU device, `ARTMLX_DEVICE=cpu`); `learner_device` pins the learner likewise. Each process is
@@ -19,14 +27,50 @@ shares it, and only `cpu` places a process elsewhere.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from .config import TrainConfig, config_to_toml
+
+
+RESTART_DELAY_S = 0.5
+RESTART_DELAY_MAX_S = 30.0
+STABLE_S = 60.0
+MAX_QUICK_CRASHES = 5
+PARENT_ENV = "ARTMLX_PARENT_PID"
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP reached `artmlx run`."""
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: Linux sends it SIGTERM when the parent dies (a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def watch_parent(interval_s: float = 1.0) -> None:
+    """In a child of `artmlx run`: stop (SIGTERM to itself) once its parent is gone, on any OS."""
+    expected = os.environ.get(PARENT_ENV)
+    if not expected or not expected.isdigit():
+        return
+
+    def watch():
+        while os.getppid() == int(expected):
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def free_port() -> int:
@@ -84,8 +128,13 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
     learner_env, actor_envs = placements(actors, actor_devices or [], learner_device)
     learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
                    + (["--resume"] if resume else []) + ([] if live else ["--plain"]))
-    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env})
+    os.environ[PARENT_ENV] = str(os.getpid())
+    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env}, preexec_fn=_die_with_parent)
     actor_procs: dict[int, subprocess.Popen] = {}
+    started_at: dict[int, float] = {}
+    quick_crashes: dict[int, int] = {}
+    restart_at: dict[int, float] = {}  # actors waiting out their restart delay
+    given_up: set[int] = set()
     restarts = 0
     logs = run_dir / "logs"
     if live:
@@ -93,16 +142,22 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
 
     # The learner's update is the pipeline's critical path: actors take the cores it leaves.
     niceness = config.actor_niceness
-    lower = {"preexec_fn": lambda: os.nice(niceness)} if niceness and hasattr(os, "nice") else {}
+
+    def actor_preexec() -> None:
+        _die_with_parent()
+        if niceness and hasattr(os, "nice"):
+            os.nice(niceness)
 
     def start_actor(index: int) -> None:
         command = [*python, "actor", "--connect", address, "--name", f"actor-{index}"]
         env = {**os.environ, **actor_envs[index]}
         if live:  # keep the terminal to the learner's view; lines from a restarted actor are appended
             with open(logs / f"actor-{index}.log", "a") as log:
-                actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, **lower)
+                actor_procs[index] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                      preexec_fn=actor_preexec)
         else:
-            actor_procs[index] = subprocess.Popen(command, env=env, **lower)
+            actor_procs[index] = subprocess.Popen(command, env=env, preexec_fn=actor_preexec)
+        started_at[index] = time.monotonic()
 
     def say(note: str) -> None:
         if live:  # the terminal belongs to the learner's view (which counts lost actors)
@@ -111,22 +166,49 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         else:
             print(note, flush=True)
 
+    def stopped(number, frame):
+        raise _Stopped(f"signal {number}")
+
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     for index in range(actors):
         start_actor(index)
-    interrupted = False
+    interrupted = all_failed = False
     try:
         while learner.poll() is None:
+            now = time.monotonic()
             for index, process in list(actor_procs.items()):
                 # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
-                if process.poll() is not None and process.returncode != 0:
+                if index in given_up or index in restart_at or process.poll() is None or process.returncode == 0:
+                    continue
+                quick = now - started_at[index] < STABLE_S
+                quick_crashes[index] = quick_crashes.get(index, 0) + 1 if quick else 1
+                if quick_crashes[index] >= MAX_QUICK_CRASHES:
+                    given_up.add(index)
+                    say(f"[run] actor-{index} exited with {process.returncode} {quick_crashes[index]} times in a row, "
+                        f"each within {STABLE_S:.0f} s of starting; not restarting it (see its output above"
+                        f"{' or ' + str(logs / f'actor-{index}.log') if live else ''}); the run goes on without it")
+                    continue
+                delay = min(RESTART_DELAY_MAX_S, RESTART_DELAY_S * 2 ** (quick_crashes[index] - 1))
+                restart_at[index] = now + delay
+                say(f"[run] actor-{index} exited with {process.returncode}; restarting it in {delay:.1f} s")
+            if len(given_up) == actors:
+                say("[run] every actor has given up: nothing can produce groups; stopping the learner")
+                all_failed = True
+                learner.send_signal(signal.SIGTERM)
+                break
+            for index, when in list(restart_at.items()):
+                if now >= when:
+                    del restart_at[index]
                     restarts += 1
-                    say(f"[run] actor-{index} exited with {process.returncode}; restarting it ({restarts} restarts)")
                     start_actor(index)
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+            time.sleep(0.2)
+    except (KeyboardInterrupt, _Stopped) as reason:
         interrupted = True
+        say(f"[run] stopping ({reason or 'interrupted'}): the learner checkpoints, then the actors stop")
         learner.send_signal(signal.SIGTERM)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         _stop(learner, grace=60)
         deadline = time.monotonic() + 5  # actors leave by themselves on the learner's shutdown message
         while time.monotonic() < deadline and any(p.poll() is None for p in actor_procs.values()):
@@ -136,6 +218,8 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         config_file.unlink(missing_ok=True)
     code = learner.returncode
     print(f"[run] learner exited with {code}; actors stopped; {restarts} actor restarts", flush=True)
+    if all_failed:
+        return 1
     return 130 if interrupted and code == 0 else code
 
 

@@ -63,18 +63,16 @@ def test_every_field_is_documented():
 
 def test_actor_window_shares_one_update_between_the_actors():
     config = TrainConfig(groups_per_step=16, actor_groups_per_batch=4)
-    assert config.resolved_max_in_flight() == 32  # the update being trained and the next being generated
-    assert config.resolved_max_in_flight(2) == 16
-    assert config.resolved_max_in_flight(3) == 12  # 2 x ceil(16 / 3)
-    assert TrainConfig(groups_per_step=16, actor_groups_per_batch=20).resolved_max_in_flight(2) == 28  # a batch > share
+    assert config.resolved_max_in_flight() == 20
+    assert config.resolved_max_in_flight(2) == 12
+    assert config.resolved_max_in_flight(3) == 10  # ceil(16 / 3) + 4
     assert TrainConfig(max_in_flight=5).resolved_max_in_flight(4) == 5
 
 
 def test_actor_window_follows_the_batch_each_actor_reports():
-    """With automatic batches (the default) the window is the share plus the larger of a share and the actor's batch."""
+    """With automatic batches (the default) the window is the share plus the actor's own batch."""
     config = TrainConfig(groups_per_step=16)
     assert config.share_of_update(1) == 16 and config.share_of_update(3) == 6
     assert config.resolved_max_in_flight(1) == 32  # nothing reported yet: a batch of one share
-    assert config.resolved_max_in_flight(2, groups_per_batch=5) == 16
-    assert config.resolved_max_in_flight(2, groups_per_batch=12) == 20
-    assert TrainConfig(actor_groups_per_batch=12).resolved_max_in_flight(2, groups_per_batch=5) == 20  # fixed wins
+    assert config.resolved_max_in_flight(2, groups_per_batch=5) == 13
+    assert TrainConfig(actor_groups_per_batch=4).resolved_max_in_flight(2, groups_per_batch=5) == 12  # fixed wins

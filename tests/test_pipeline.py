@@ -130,3 +130,61 @@ def test_learner_kill_9_and_resume_with_running_actors(tmp_path):
     final = read_metrics(run)[-1]
     assert final["final"] and final["groups_trained"] == 4 * (8 - checkpoint["step"])
     assert "training finished" in actor_output
+
+
+def _wait_gone(pids, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.2)
+    return [pid for pid in pids if alive(pid)]
+
+
+def _wait_children(launcher, count, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = children_of(launcher.pid)
+        if len(children) >= count:
+            return children
+        time.sleep(0.2)
+    raise AssertionError("children did not start")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_run_stops_everything_on_sigterm_and_sighup(tmp_path, sig):
+    run = tmp_path / "run"
+    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "500", "--set", "eval_every=0",
+                              *SMALL)
+    children = _wait_children(launcher, 3)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and train_rows(run)):
+        time.sleep(0.5)
+    launcher.send_signal(sig)
+    output, _ = launcher.communicate(timeout=120)
+    assert "stopping (signal" in output, output
+    assert not _wait_gone(children, 30), "children left behind"
+    final = read_metrics(run)[-1]
+    assert final["final"] and final["stop_reason"] == "signal 15"  # the learner was asked to stop, not crashed
+
+
+@pytest.mark.slow
+def test_killing_run_outright_takes_its_children_with_it(tmp_path):
+    run = tmp_path / "run"
+    launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "500", "--set", "eval_every=0",
+                              *SMALL)
+    children = _wait_children(launcher, 3)
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    assert not _wait_gone(children, 60), "orphans survived their supervisor"
+
+
+@pytest.mark.slow
+def test_an_actor_that_keeps_crashing_is_given_up_with_the_reason(tmp_path):
+    run = tmp_path / "run"
+    launcher = artmlx_process("run", "--actors", "1", "--out", str(run), "--steps", "3", "--set", "eval_every=0",
+                              "--env", "tests.crashing_env:CrashingEnv", *SMALL)
+    output, _ = launcher.communicate(timeout=600)
+    assert "restarting it in 0.5 s" in output and "restarting it in 1.0 s" in output, output
+    assert "5 times in a row" in output and "not restarting it" in output, output
+    assert "every actor has given up" in output and launcher.returncode == 1
+    assert read_metrics(run)[-1]["stop_reason"] == "signal 15"

@@ -77,13 +77,14 @@ class ActorService:
             per_batch = self.groups_per_batch(config, rollouts)
             # Generate only once the whole batch will fit the window, with the newest adapter by then:
             # a batch generated first and then held back would be one more policy version old.
-            self.client.wait_for_room(per_batch)
+            self._wait_for_room(per_batch)
             version = self._apply_adapter(model, wait=False, current=version)
             seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
             for group in rollouts.play(seeds, config.group_size, key, version):
                 group.group_id = f"{self.name}-{uuid.uuid4().hex}"
                 policy_tokens += group.policy_tokens
+                self._wait_for_room(1)
                 self.client.submit(group_to_message(group, self.name, config.env, self.client.fingerprint))
                 if self.client.shutdown_reason:
                     break
@@ -97,6 +98,20 @@ class ActorService:
         self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
         self.client.socket.close()
         return reason
+
+    def _wait_for_room(self, count: int) -> None:
+        """Wait for window room however long the learner is silent (an evaluation or checkpoint can take
+        minutes; a restarted learner answers with a new session): report with growing intervals, never crash."""
+        waited, patience = 0.0, 60.0
+        while True:
+            try:
+                self.client.wait_for_room(count, timeout_s=patience)
+                return
+            except LearnerGone:
+                waited += patience
+                self.say(f"no acknowledgement from the learner for {waited:.0f} s (evaluating, checkpointing or "
+                         "gone); still waiting")
+                patience = min(2 * patience, 600.0)
 
     def groups_per_batch(self, config: TrainConfig, rollouts: EpisodeRollouts) -> int:
         """The run's fixed number, else what fits, at most the share of an update the learner asks for."""

@@ -110,7 +110,7 @@ def bench_protocol(quick, json_path):
 @click.option("--balance", is_flag=True, help="Tune the synthetic env's user_tokens so train generates and trains "
                                                "for about the same time (the largest overlap bound).")
 @click.option("--shared-too", is_flag=True, help="With --actor-devices, also run the actors on the learner's device.")
-@click.option("--out", default="runs/bench-pipeline", show_default=True, help="Folder for the runs.")
+@click.option("--out", default="runs/bench-pipeline", show_default=True, help="Folder for the runs (an earlier bench's runs in it are replaced).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Config overrides for every run.")
 def bench_pipeline(model, quick, json_path, memory_budget_gb, actor_counts, steps, actor_devices, learner_device,
                    env, env_arg_items, balance, shared_too, out, settings):

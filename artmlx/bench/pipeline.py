@@ -22,6 +22,7 @@ length (`user_tokens`, trained but never generated) is scaled until training tim
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,6 +102,9 @@ def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], act
         learner_device: str = "", warmup: int = 2, env_args: dict | None = None, tune: bool = False,
         shared_too: bool = False, echo=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    for earlier in sorted(out.iterdir()):  # the folder is the benchmark's own: an earlier run's folders go
+        if earlier.name.startswith(("train", "run-", "balance")):
+            shutil.rmtree(earlier) if earlier.is_dir() else earlier.unlink()
     learner_env = {"CUDA_VISIBLE_DEVICES": learner_device} if learner_device and learner_device != "cpu" else {}
     if tune:
         env_args = balance(out, settings, env_args or {}, learner_env, echo)

@@ -11,6 +11,7 @@ only folders named `step_*` count. Re-saving a step keeps the old folder until t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -50,8 +51,10 @@ def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_mo
         (staging / STATE_JSON).write_text(json.dumps(state, indent=2))
         for item in [*staging.iterdir(), staging]:
             _fsync(item)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, RuntimeError):  # MLX reports a failed write (a full disk) as a RuntimeError
+            raise OSError(errno.EIO, f"checkpoint {final.name} could not be written: {error}") from error
         raise
     if final.exists():  # the same step saved again: keep the old one until the new one is in place
         shutil.rmtree(replaced, ignore_errors=True)

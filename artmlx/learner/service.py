@@ -103,6 +103,9 @@ class LearnerService:
                                      staleness_histogram=self.staleness_histogram)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda number, frame: self._request_stop(f"signal {number}"))
+        self.reload_keys = False
+        if hasattr(signal, "SIGHUP"):  # re-read the allowed actor keys: revocation without a restart
+            signal.signal(signal.SIGHUP, lambda number, frame: setattr(self, "reload_keys", True))
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
@@ -113,6 +116,11 @@ class LearnerService:
         received_tokens = 0
         try:
             while self.trainer.step < self.config.steps and self.stop_reason is None:
+                if self.reload_keys:
+                    self.reload_keys = False
+                    allowed = self.hub.socket.reload_keys()
+                    if self.echo:
+                        print(f"learner: re-read the allowed keys on SIGHUP: {allowed} allowed", flush=True)
                 waited = time.perf_counter()
                 ready = len(self.buffer) >= self.config.groups_per_step  # then only take what is already here
                 for _, message in self.hub.poll(0 if ready else 50):
@@ -215,7 +223,7 @@ class LearnerService:
         if self.checkpointed_step != self.trainer.step:
             try:
                 self._checkpoint()
-            except OSError as error:  # e.g. a full disk: the previous checkpoint stays; the actors must still hear
+            except (OSError, RuntimeError) as error:  # a full disk (MLX: RuntimeError): the previous one stays; actors must still hear
                 checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
         self._show(phase="stopping actors")

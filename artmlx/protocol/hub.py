@@ -34,7 +34,8 @@ Hardening (an actor with a valid key may be buggy or hostile):
   flood; status requests are answered at most `STATUS_PER_S` times a second in all (and once per
   `STATUS_INTERVAL_S` per client); the rest are dropped and counted;
 - an actor gets the adapter only after a hello with the run's fingerprint (it loaded the model);
-  at most `max_actors` are known at once; departed actors' counts beyond `MAX_DEPARTED` are folded
+  at most `max_actors` are known at once (the oldest that never loaded the model makes room for a
+  newcomer, so hello floods cannot lock actors out); departed actors' counts beyond `MAX_DEPARTED` are folded
   into one total; consumed group ids older than the staleness bound are forgotten (a resend of one
   is then dropped as stale by the learner instead of as a duplicate);
 - names and stats are typed and made printable before anything stores or shows them.
@@ -205,6 +206,13 @@ class LearnerHub:
             return
         info = self.actors.get(identity)
         if info is None and len(self.actors) >= self.max_actors:
+            # Make room by forgetting the oldest actor that never loaded the model: a flood of hellos cannot
+            # lock honest actors out (one evicted while loading is simply welcomed again at its next hello).
+            pending = next((key for key, known in self.actors.items() if not known.loaded), None)
+            if pending is not None:
+                del self.actors[pending]
+                self.counts["pending_evicted"] += 1
+        if info is None and len(self.actors) >= self.max_actors:
             reason = f"the learner already has {self.max_actors} actors (max_actors)"
             self.socket.rejections.reject("refused", reason, printable(hello.actor))
             self.socket.send(identity, Refuse(reason=reason))
@@ -234,7 +242,9 @@ class LearnerHub:
             self.waiting[group.group_id] = info.identity
             return None
         reason = ""
-        if group.fingerprint != self.fingerprint:
+        if not info.loaded:
+            reason = "say hello with the run's fingerprint (after loading the model) before sending groups"
+        elif group.fingerprint != self.fingerprint:
             reason = f"fingerprint {printable(group.fingerprint)} is not the run's {self.fingerprint}"
         elif group.policy_version > self.policy_version:
             reason = f"policy version {group.policy_version} is ahead of the learner's {self.policy_version}"

@@ -7,12 +7,20 @@ Layout of a keys directory (made by `make_keys`):
 A learner with keys accepts only clients whose public key is in `DIR/allowed/`; traffic is then
 encrypted. More actor identities: `artmlx keygen DIR --actor NAME` adds NAME.key(_secret) and
 allows it.
+
+Secret keys are created readable by their owner only (umask 077 while writing) and refused when
+group or world can read them. Authentication runs in ZeroMQ's ZAP domain `ZAP_DOMAIN` with
+`ZAP_ENFORCE_DOMAIN`, and every message carries its sender's public key (ZAP user id), which the
+learner binds to the sender's connection identity (sockets.py). `allowed_keys()` re-reads
+`DIR/allowed/`: the learner does that on SIGHUP, so removing a key file revokes it without a restart.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
+import stat
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -20,15 +28,21 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+ZAP_DOMAIN = "artmlx"
+
 
 def make_keys(folder: Path, actor: str = "actor") -> list[Path]:
     folder = Path(folder)
     (folder / "allowed").mkdir(parents=True, exist_ok=True)
     made = []
-    if not (folder / "learner.key_secret").exists():
-        made += zmq.auth.create_certificates(str(folder), "learner")
-    if not (folder / f"{actor}.key_secret").exists():
-        made += zmq.auth.create_certificates(str(folder), actor)
+    previous = os.umask(0o077)  # secret files are never readable by others, not even for a moment
+    try:
+        if not (folder / "learner.key_secret").exists():
+            made += zmq.auth.create_certificates(str(folder), "learner")
+        if not (folder / f"{actor}.key_secret").exists():
+            made += zmq.auth.create_certificates(str(folder), actor)
+    finally:
+        os.umask(previous)
     shutil.copyfile(folder / f"{actor}.key", folder / "allowed" / f"{actor}.key")
     for secret in folder.glob("*.key_secret"):
         secret.chmod(0o600)
@@ -38,7 +52,15 @@ def make_keys(folder: Path, actor: str = "actor") -> list[Path]:
 def _load(path: Path):
     if not path.exists():
         raise FileNotFoundError(f"{path} not found; create keys with `artmlx keygen {path.parent}`")
+    if path.name.endswith("_secret") and os.name == "posix" and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(f"{path} is readable by other users; run `chmod 600 {path}` (and consider the key "
+                              "exposed: make a new one with `artmlx keygen`)")
     return zmq.auth.load_certificate(str(path))
+
+
+def allowed_keys(folder: Path) -> set[str]:
+    """The public keys (z85 text) in `folder/allowed/`, read now."""
+    return {key.decode("ascii") for key in zmq.auth.load_certificates(str(Path(folder) / "allowed"))}
 
 
 def secure_server(context: zmq.Context, socket: zmq.Socket, folder: Path) -> ThreadAuthenticator:
@@ -49,7 +71,9 @@ def secure_server(context: zmq.Context, socket: zmq.Socket, folder: Path) -> Thr
         raise FileNotFoundError(f"{folder}/allowed/ not found; create keys with `artmlx keygen {folder}`")
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
-    authenticator.configure_curve(domain="*", location=str(folder / "allowed"))
+    authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(folder / "allowed"))
+    socket.zap_domain = ZAP_DOMAIN.encode()
+    socket.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
     socket.curve_secretkey = secret
     socket.curve_publickey = public
     socket.curve_server = True

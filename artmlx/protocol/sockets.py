@@ -21,7 +21,7 @@ import zmq
 from .codec import DEFAULT_LIMITS, Limits, decode, encode
 from .errors import ProtocolError, VersionMismatch
 from .messages import Refuse
-from .security import is_loopback, secure_client, secure_server
+from .security import ZAP_DOMAIN, allowed_keys, is_loopback, secure_client, secure_server
 
 log = logging.getLogger("artmlx.protocol")
 LOUD_REJECTIONS = 20
@@ -72,7 +72,10 @@ class LearnerSocket:
         _configure(self.socket, hwm, max_message_bytes, linger_ms)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.authenticator = secure_server(self.context, self.socket, keys) if keys else None
+        self.keys = Path(keys) if keys else None
+        self.authenticator = secure_server(self.context, self.socket, self.keys) if keys else None
+        self.allowed = allowed_keys(self.keys) if keys else set()
+        self.key_of: collections.OrderedDict[bytes, str] = collections.OrderedDict()  # identity -> its CURVE key
         self.socket.bind(bind)
         self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.limits = limits
@@ -85,6 +88,8 @@ class LearnerSocket:
         frames = self.socket.recv_multipart(copy=False)
         identity = frames[0].bytes
         peer = identity.hex()[:16]
+        if self.authenticator is not None and not self._key_matches(identity, _user_id(frames), peer):
+            return None
         try:
             return identity, decode(frames[1:], self.limits)
         except VersionMismatch as error:
@@ -93,6 +98,29 @@ class LearnerSocket:
         except ProtocolError as error:
             self.rejections.reject("malformed", str(error), peer)
         return None
+
+    def _key_matches(self, identity: bytes, key: str | None, peer: str) -> bool:
+        """The message's CURVE key is still allowed and is the one this identity first spoke with."""
+        if key not in self.allowed:
+            self.rejections.reject("revoked", f"key {str(key)[:12]}... is no longer allowed", peer)
+            self.send(identity, Refuse(reason="this actor's key was revoked by the learner"))
+            return False
+        bound = self.key_of.setdefault(identity, key)
+        self.key_of.move_to_end(identity)
+        while len(self.key_of) > 65536:
+            self.key_of.popitem(last=False)
+        if bound != key:  # another key holder is trying to take over this actor's connection identity
+            self.rejections.reject("impersonation", f"identity {peer} belongs to another key", peer)
+            return False
+        return True
+
+    def reload_keys(self) -> int:
+        """Re-read the allowed keys (revocation without restart); returns how many are allowed now."""
+        if self.authenticator is None:
+            return 0
+        self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(self.keys / "allowed"))
+        self.allowed = allowed_keys(self.keys)
+        return len(self.allowed)
 
     def send(self, identity: bytes, message, frames: list | None = None) -> bool:
         """Send without blocking; False if that actor is gone or its queue is full."""
@@ -107,6 +135,14 @@ class LearnerSocket:
         if self.authenticator:
             self.authenticator.stop()
         self.context.term()
+
+
+def _user_id(frames) -> str | None:
+    """The ZAP user id (the sender's CURVE public key) the message arrived with."""
+    try:
+        return frames[-1].get("User-Id")
+    except (zmq.ZMQError, AttributeError):
+        return None
 
 
 class ActorSocket:

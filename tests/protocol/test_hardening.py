@@ -133,3 +133,25 @@ def test_consumed_ids_older_than_the_staleness_bound_are_forgotten():
     assert hub.call(lambda h: h.forget_consumed(3)) == 1
     assert hub.call(lambda h: sorted(h.consumed)) == ["new"]
     hub.stop()
+
+
+def test_hello_floods_cannot_lock_actors_out_and_unloaded_actors_send_nothing():
+    hub = HubThread(hold=True, max_actors=3)
+    ghosts = []
+    for index in range(5):  # hellos that never load the model
+        socket, _ = raw_actor(hub, name=f"ghost-{index}", fingerprint="")
+        ghosts.append(socket)
+    socket = ghosts[-1]
+    socket.send(None, frames=encode(make_group()))  # from an actor that never said it loaded the model
+    refused = []
+    assert wait_for(lambda: refused.extend(a for a in acks(socket, 50) if a.status == "rejected") or refused)
+    assert "fingerprint" in refused[0].reason and hub.received == []
+    client = ActorClient(ActorSocket(hub.address), "honest")
+    assert client.hello("fp") is not None  # welcomed: the oldest ghosts made room
+    client.submit(make_group())
+    assert wait_for(lambda: len(hub.received) == 1, client)
+    assert hub.call(lambda h: h.counts["pending_evicted"]) >= 2
+    for ghost in ghosts:
+        ghost.close()
+    client.socket.close()
+    hub.stop()
