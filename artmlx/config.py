@@ -191,6 +191,13 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise ValueError(f"config field 'minibatches' ({config.minibatches}) cannot exceed groups_per_step ({config.groups_per_step})")
     if not all(isinstance(k, str) for k in config.lora_keys):
         raise ValueError(f"config field 'lora_keys' must be a list of strings, got {config.lora_keys!r}")
+    if config.dora and config.kl_coef > 0:
+        raise ValueError("dora = true with kl_coef > 0 is not supported: the KL reference switches LoRA off, but a "
+                         "DoRA layer would still apply its trained magnitude, so the reference would not be the "
+                         "base; use LoRA (dora = false) or kl_coef = 0")
+    if config.compile_step and config.lora_dropout > 0:
+        raise ValueError("compile_step = true with lora_dropout > 0 is not supported: a compiled step would reuse "
+                         "one dropout mask for every update; set compile_step = false or lora_dropout = 0")
     return config
 
 

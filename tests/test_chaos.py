@@ -6,13 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from artmlx.launch import free_port
 from artmlx.metrics import read_metrics
 from artmlx.protocol.codec import encode
 from artmlx.protocol.messages import Ack, Heartbeat, Hello, StatusRequest, Welcome
 from artmlx.protocol.sockets import ActorSocket
 from tests.test_hostile_actor import poison
-from tests.test_pipeline import SMALL, artmlx_process, train_rows
+from tests.test_pipeline import learner_and_actors, train_rows
 
 
 class Chaos(threading.Thread):
@@ -65,10 +64,7 @@ class Chaos(threading.Thread):
 @pytest.mark.slow
 def test_training_goes_on_through_chaos(tmp_path):
     run = tmp_path / "run"
-    address = f"tcp://127.0.0.1:{free_port()}"
-    learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--set", "eval_every=0",
-                             "--set", "max_episode_tokens=512", *SMALL)
-    honest = [artmlx_process("actor", "--connect", address, "--name", f"honest-{i}") for i in range(2)]
+    address, learner, honest = learner_and_actors(run, 8, ["honest-0", "honest-1"])
     chaos = Chaos(address)
     chaos.start()
     try:

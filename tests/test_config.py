@@ -76,3 +76,12 @@ def test_actor_window_follows_the_batch_each_actor_reports():
     assert config.resolved_max_in_flight(1) == 32  # nothing reported yet: a batch of one share
     assert config.resolved_max_in_flight(2, groups_per_batch=5) == 13
     assert TrainConfig(actor_groups_per_batch=4).resolved_max_in_flight(2, groups_per_batch=5) == 12  # fixed wins
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"dora": True, "kl_coef": 0.1}, "trained magnitude"),
+    ({"compile_step": True, "lora_dropout": 0.1}, "one dropout mask"),
+])
+def test_combinations_that_would_train_wrongly_are_refused(settings, words):
+    with pytest.raises(ValueError, match=words):
+        load_config(None, settings)

@@ -5,13 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from artmlx.launch import free_port
 from artmlx.metrics import read_metrics
 from artmlx.protocol.codec import encode
 from artmlx.protocol.messages import Ack, Heartbeat, Hello, Welcome
 from artmlx.protocol.sockets import ActorSocket
 from tests.protocol.helpers import make_group
-from tests.test_pipeline import SMALL, artmlx_process, train_rows
+from tests.test_pipeline import learner_and_actors, train_rows
 
 
 def poison(fingerprint, group_size, vocab):
@@ -41,10 +40,7 @@ def _long(fingerprint, group_size):
 @pytest.mark.slow
 def test_a_hostile_actor_cannot_crash_poison_or_stall_training(tmp_path):
     run = tmp_path / "run"
-    address = f"tcp://127.0.0.1:{free_port()}"
-    learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "4", "--set", "eval_every=0",
-                             "--set", "max_episode_tokens=512", *SMALL)
-    honest = artmlx_process("actor", "--connect", address, "--name", "steady")
+    address, learner, (honest,) = learner_and_actors(run, 4, ["steady"])
     hostile = ActorSocket(address)
     try:
         welcome = None

@@ -22,6 +22,14 @@ def artmlx_process(*args, **kwargs):
                             stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
+def learner_and_actors(run, steps, names):
+    """A learner process on a free loopback port (small updates, no evaluation) and named actor processes."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", str(steps),
+                             "--set", "eval_every=0", "--set", "max_episode_tokens=512", *SMALL)
+    return address, learner, [artmlx_process("actor", "--connect", address, "--name", name) for name in names]
+
+
 def children_of(pid):
     try:
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout

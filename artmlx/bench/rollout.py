@@ -52,8 +52,10 @@ class RolloutBench:
         self.chat = ChatFormat(self.tokenizer)
         env_args = {"prompt_tokens": prompt, "turns": 1}
         self.make_env = lambda: make_env("synthetic", env_args)
+        # Room for the prompt as this tokenizer makes it (one token a word only on the synth tokenizers).
+        prompt_ids = len(self.chat.prompt_ids(self.make_env().reset(0)))
         self.sampling = SamplingParams(temperature=1.0, max_reply_tokens=reply, max_turns=1,
-                                       max_episode_tokens=prompt + reply + 64)
+                                       max_episode_tokens=2 * max(prompt, prompt_ids) + reply + 64)
 
     def rollouts(self, max_tokens: int | None = None) -> EpisodeRollouts:
         sampling = self.sampling if max_tokens is None else SamplingParams(

@@ -8,14 +8,18 @@ Algorithm (Shao et al. 2024, "DeepSeekMath", GRPO), per update:
   3. Every policy token t of episode i gets A_i. With r_t = pi(y_t) / mu(y_t) (current over
      behaviour probability, the behaviour logprob recorded at sampling time), the token loss is
        ppo   : -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)        (DAPO's clip-higher)
-       cispo : -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A log pi(y_t)    (MiniMax-M1; every token
-               keeps a gradient, the importance weight is clipped and stopped)
+       cispo : -sg(min(r_t, 1 + eps_high)) A log pi(y_t)                   (MiniMax-M1; every token
+               keeps a gradient, the importance weight is truncated above and stopped; the paper's
+               lower bound is set so large that it never binds, so `eps_low` does not apply here)
        gspo  : the ppo form with the sequence ratio s_i = exp(mean_t log r_t) in place of r_t,
                as s_i,t = sg(s_i) pi(y_t) / sg(pi(y_t)) (Zheng et al. 2025; use small eps, ~3e-4)
   4. Normalisation (`normalization`), as per-token weights so micro-batches add up exactly:
        token_mean : sum over all policy tokens of the update / their count      (DAPO)
        seq_mean   : mean over tokens within an episode, then over episodes      (original GRPO)
        constant   : sum / (episodes x `constant_length`)                         (Dr. GRPO)
+     For seq_mean and constant, "episodes" counts every episode of the update, including those of
+     groups skipped for zero reward variance (their gradient is zero, not absent), so the step size
+     does not grow when many groups are flat.
   5. Optional KL to the frozen base, k3 estimator exp(q - p) - (q - p) - 1 per token, weight
      `kl_coef` (base logprobs q come from the same model with LoRA switched off).
 
@@ -62,7 +66,7 @@ def token_logprobs(logits: mx.array, targets: mx.array, temperature: float = 1.0
     return picked - mx.logsumexp(logits, axis=-1)
 
 
-def token_weights(mask: mx.array, normalization: str, episodes_in_update: int,
+def token_weights(mask: mx.array, normalization: str, episodes_in_update: float,
                   tokens_in_update: int, constant_length: int = 1) -> mx.array:
     """Per-token loss weights (B, T) for one micro-batch, normalised over the whole update."""
     mask = mask.astype(mx.float32)
@@ -94,7 +98,7 @@ def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, 
         per_token = -mx.minimum(ratio * adv, clipped * adv)
         clip_ratio = ratio
     elif settings.objective == "cispo":
-        weight = mx.stop_gradient(mx.clip(ratio, low, high))
+        weight = mx.stop_gradient(mx.minimum(ratio, high))
         per_token = -weight * adv * logp
         clip_ratio = ratio
     elif settings.objective == "gspo":
@@ -116,7 +120,12 @@ def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, 
             per_token = per_token + settings.kl_coef * kl
 
     loss = (per_token * weights).sum()
-    outside = ((clip_ratio < low) | (clip_ratio > high)).astype(mx.float32) * mask
+    # Tokens whose gradient the clip changed: for ppo/gspo where the clipped branch is the minimum
+    # (A > 0 above 1 + eps_high, A < 0 below 1 - eps_low), for cispo where the weight was truncated.
+    if settings.objective == "cispo":
+        outside = (clip_ratio > high).astype(mx.float32) * mask
+    else:
+        outside = (((adv > 0) & (clip_ratio > high)) | ((adv < 0) & (clip_ratio < low))).astype(mx.float32) * mask
     plain_ratio = mx.stop_gradient(ratio)
     metrics = {
         "tokens": mask.sum(),

@@ -41,6 +41,7 @@ class _StepData:
     episodes: list[Episode]
     advantages: np.ndarray
     groups: list[list[int]]  # indices into `episodes`, one list per group
+    skipped_episodes: int = 0  # episodes of zero-variance groups: counted by the seq_mean / constant denominators
 
 
 class GRPOTrainer:
@@ -127,7 +128,8 @@ class GRPOTrainer:
             "reward_mean": float(np.asarray(rewards).mean()),
             "reward_std": float(np.asarray(rewards).std()),
         }
-        return _StepData(episodes, np.asarray(episode_advantages, np.float32), members), stats
+        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g])
+        return _StepData(episodes, np.asarray(episode_advantages, np.float32), members, skipped), stats
 
     def train_step(self, groups: list[Group]) -> dict:
         """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
@@ -138,13 +140,16 @@ class GRPOTrainer:
         grad_norms, skipped = [], 0
         if data.episodes:
             # Minibatches split whole groups, so a group's episodes stay together (and share their prompt).
+            self.model.train(self.config.lora_dropout > 0)  # dropout in the learner's forward only
             for part in np.array_split(np.arange(len(data.groups)), self.config.minibatches):
                 if len(part):
-                    norm = self._optimizer_step(data, [data.groups[g] for g in part], totals)
+                    flat_share = data.skipped_episodes * len(part) / len(data.groups)
+                    norm = self._optimizer_step(data, [data.groups[g] for g in part], totals, flat_share)
                     if norm is None:
                         skipped += 1
                     else:
                         grad_norms.append(norm)
+            self.model.eval()  # sampling (rollouts, evaluation) never drops out
             if grad_norms:  # the adapters changed: a new policy version
                 self.policy_version += 1
         tokens = max(totals["tokens"], 1.0)
@@ -153,7 +158,7 @@ class GRPOTrainer:
             "episodes_trained": len(data.episodes),
             "tokens_trained": sum(len(e.tokens) for e in data.episodes),
             "policy_tokens": int(totals["tokens"]),
-            "loss": totals["loss"],
+            "loss": totals["loss"] / max(len(grad_norms), 1),  # mean over the optimizer steps applied
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
             "ratio_mean": totals["ratio_sum"] / tokens,
             "ratio_max": totals["ratio_max"],
@@ -164,14 +169,17 @@ class GRPOTrainer:
             "updates_skipped_nonfinite": skipped,
         }
 
-    def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict) -> float | None:
-        """Accumulate the groups' gradients and apply them; the gradient norm, or None if not applied."""
+    def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict,
+                        flat_episodes: float = 0.0) -> float | None:
+        """Accumulate the groups' gradients and apply them; the gradient norm, or None if not applied.
+
+        `flat_episodes`: this minibatch's share of the zero-variance groups' episodes (denominators)."""
         config = self.config
         episodes = [data.episodes[i] for members in groups for i in members]
         policy_tokens = sum(e.policy_tokens for e in episodes)
         grads, step_loss = None, 0.0
         for batch in self.microbatches(data.episodes, data.advantages, groups):
-            weights = token_weights(batch.mask, config.normalization, len(episodes), policy_tokens,
+            weights = token_weights(batch.mask, config.normalization, len(episodes) + flat_episodes, policy_tokens,
                                     config.constant_length)
             base_logp = None
             if config.kl_coef > 0:

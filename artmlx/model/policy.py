@@ -73,6 +73,7 @@ def attach_lora(model: nn.Module, spec: LoraSpec) -> int:
     count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     if count == 0:
         raise ValueError(f"lora_keys={spec.keys} matched no layer of the model; no parameter is trainable")
+    model.eval()  # the new LoRA modules too: sampling never applies LoRA dropout (the trainer turns it on)
     return count
 
 

@@ -55,6 +55,14 @@ class GroupLimits:
     max_reply_tokens: int
 
 
+def inbound_frame_limit(limits: GroupLimits) -> int:
+    """Bytes one frame from an actor may hold: twice a full group's token ids (the largest array), at least 16 MB.
+
+    ZeroMQ's `MAXMSGSIZE` applies per frame, so this bounds each array of a message; a message of
+    many frames is still assembled before the codec refuses it (`Limits.max_frames`)."""
+    return max(16 << 20, 2 * 4 * limits.group_size * limits.max_tokens)
+
+
 def group_problem(group: TrajectoryGroup, limits: GroupLimits, sender: str) -> str:
     """Why this group cannot be trained in this run ('' when it can)."""
     if group.actor != sender:

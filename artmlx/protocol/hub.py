@@ -28,8 +28,10 @@ Hardening (an actor with a valid key may be buggy or hostile):
 - windows are enforced: a group beyond the largest window the actor was told in the last
   `WINDOW_GRACE_S` is rejected ("over its window");
 - liveness: when the learner has waited `stall_s` for groups with none arriving, every actor's
-  window grows by what the next update still lacks, so the actors that are producing can fill it
-  alone; a silent actor's share thus returns to the others within seconds, not at its timeout;
+  window grows by what the next update still lacks (at least one of its batches, since an actor
+  waits for room for a whole batch), so the actors that are producing can fill it alone; a silent
+  actor's share thus returns to the others within seconds, not at its timeout. Shares count only
+  actors that loaded the model;
 - `poll` handles at most `POLL_MAX_MESSAGES` messages and returns at its deadline even under a
   flood; status requests are answered at most `STATUS_PER_S` times a second in all (and once per
   `STATUS_INTERVAL_S` per client); the rest are dropped and counted;
@@ -182,7 +184,7 @@ class LearnerHub:
             info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
             admission = {"window": self._tell_window(info)}
             if self.share is not None:
-                admission["share"] = max(1, int(self.share(max(1, len(self.actors)))))
+                admission["share"] = max(1, int(self.share(self.producers())))
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
                                                  policy_version=self.policy_version, stats=admission))
             if info.loaded and info.adapter_sent < self.policy_version:
@@ -278,16 +280,21 @@ class LearnerHub:
 
     def window(self, info: ActorInfo | None = None) -> int:
         """An actor's flow-control window now (it shrinks as actors join: capacity-based admission),
-        grown by what the next update lacks while the learner is stalled (see the module docstring)."""
+        grown while the learner is stalled so this actor alone can send what the update lacks, or at
+        least one of its batches (an actor waits for room for a whole batch before generating it)."""
+        batch = info.stats.get("groups_per_batch", 0) if info is not None else 0
+        batch = int(batch) if isinstance(batch, (int, float)) and 0 < batch < 1 << 16 else 0
         if callable(self.max_in_flight):
-            batch = info.stats.get("groups_per_batch", 0) if info is not None else 0
-            batch = int(batch) if isinstance(batch, (int, float)) and 0 < batch < 1 << 16 else 0
-            window = max(1, int(self.max_in_flight(max(1, len(self.actors)), batch)))
+            window = max(1, int(self.max_in_flight(self.producers(), batch)))
         else:
             window = self.max_in_flight
         if info is not None and self.stalled():
-            window = max(window, info.in_flight + self.groups_per_update - len(self.waiting))
+            window = max(window, info.in_flight + max(self.groups_per_update - len(self.waiting), batch, 1))
         return window
+
+    def producers(self) -> int:
+        """Actors that loaded the model (the ones that can produce groups), at least 1."""
+        return max(1, sum(1 for info in self.actors.values() if info.loaded))
 
     def stalled(self) -> bool:
         """The next update lacks groups and none has arrived (or been consumed) for `stall_s`."""

@@ -54,8 +54,8 @@ def np_loss(logp, old, adv, mask, weights, objective, eps_low, eps_high):
     a = adv[:, None]
     if objective == "ppo":
         per = -np.minimum(ratio * a, np.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
-    elif objective == "cispo":
-        per = -np.clip(ratio, 1 - eps_low, 1 + eps_high) * a * logp
+    elif objective == "cispo":  # MiniMax-M1: the IS weight truncated above only, gradient through log pi
+        per = -np.minimum(ratio, 1 + eps_high) * a * logp
     else:
         seq = np.exp(log_ratio.sum(1, keepdims=True) / np.maximum(mask.sum(1, keepdims=True), 1))
         per = -np.minimum(seq * a, np.clip(seq, 1 - eps_low, 1 + eps_high) * a)
@@ -88,6 +88,15 @@ def test_policy_loss_matches_numpy(objective, normalization):
     np.testing.assert_allclose(loss.item(), ref, rtol=1e-4, atol=1e-6)
     ratio = np.exp((logp - old) * mask)
     assert metrics["tokens"].item() == mask.sum()
+    # clip_frac counts the tokens whose gradient the clip changed (PPO paper's clipped branch active).
+    a = adv[:, None]
+    seen = ratio if objective != "gspo" else np.exp(
+        ((logp - old) * mask).sum(1, keepdims=True) / np.maximum(mask.sum(1, keepdims=True), 1)) * np.ones_like(ratio)
+    if objective == "cispo":
+        changed = seen > 1.28
+    else:
+        changed = ((a > 0) & (seen > 1.28)) | ((a < 0) & (seen < 0.8))
+    assert metrics["clipped_sum"].item() == (changed * mask).sum()
     np.testing.assert_allclose(metrics["ratio_sum"].item() / mask.sum(), (ratio * mask).sum() / mask.sum(), rtol=1e-4)
 
 

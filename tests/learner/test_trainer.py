@@ -148,3 +148,42 @@ def test_a_non_finite_update_is_skipped_and_the_adapters_kept():
     metrics = trainer.train_step(groups)
     assert metrics["updates_skipped_nonfinite"] == 0 and trainer.policy_version == 1
     assert all(np.isfinite(np.array(v)).all() for _, v in tree_flatten(model.trainable_parameters()))
+
+
+def test_sampling_never_drops_out_and_training_does():
+    """lora_dropout applies to the learner's forward only: rollouts and evaluation sample deterministically."""
+    from artmlx.model.policy import load_policy
+
+    model, tokenizer, _ = load_policy("tiny", LoraSpec(rank=8, scale=20.0, dropout=0.5))
+    noisy = [(k, mx.random.normal(v.shape) * 0.05) for k, v in tree_flatten(model.trainable_parameters())]
+    model.load_weights(noisy, strict=False)
+    tokens = mx.array([[1, 2, 3, 4, 5, 6]])
+    assert np.array_equal(np.array(model(tokens)), np.array(model(tokens)))  # eval mode after loading
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    groups = engine.play(list(range(4)), 6, mx.random.key(0))
+    for group in groups:
+        group.episodes[0].reward, group.episodes[1].reward = 1.0, 0.0
+    trainer = GRPOTrainer(model, load_config(None, {"lora_dropout": 0.5, "learning_rate": 1e-3}))
+    model.train(True)
+    assert not np.array_equal(np.array(model(tokens)), np.array(model(tokens)))  # dropout when training
+    model.eval()
+    trainer.train_step(groups)
+    assert not model.training and np.array_equal(np.array(model(tokens)), np.array(model(tokens)))
+
+
+def test_flat_groups_count_in_the_sequence_denominators():
+    """Dr. GRPO's constant and GRPO's seq-mean normalisers count every episode of the update."""
+    model, tokenizer = tiny_policy(perturb=0.01)
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    signal, flat = engine.play([3, 4], 4, mx.random.key(0))
+    for index, episode in enumerate(signal.episodes):
+        episode.reward = float(index % 2)
+    for episode in flat.episodes:
+        episode.reward = 0.5
+    for normalization in ("constant", "seq_mean"):
+        norms = []
+        for groups in ([signal], [signal, flat]):
+            fresh, _ = tiny_policy(perturb=0.01)  # the same weights each time: the norms compare exactly
+            trainer = GRPOTrainer(fresh, load_config(None, {"normalization": normalization}))
+            norms.append(trainer.train_step(groups)["grad_norm"])
+        np.testing.assert_allclose(norms[1], norms[0] / 2, rtol=1e-4)  # 8 episodes in the update, not 4

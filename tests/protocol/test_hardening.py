@@ -155,3 +155,18 @@ def test_hello_floods_cannot_lock_actors_out_and_unloaded_actors_send_nothing():
         ghost.close()
     client.socket.close()
     hub.stop()
+
+
+def test_a_stalled_learner_lets_an_actor_send_a_whole_batch_even_when_less_is_missing():
+    """Growth by the update's deficit alone deadlocks an actor that waits for room for a whole batch."""
+    hub = HubThread(hold=True, max_in_flight=lambda actors, batch: 2, groups_per_update=6, stall_s=0.3)
+    client = ActorClient(ActorSocket(hub.address), "batcher", heartbeat_s=0.1)
+    client.stats = {"groups_per_batch": 4}
+    client.hello("fp")
+    for _ in range(2):  # 4 + 4 groups: the second batch starts when only 2 are missing
+        client.wait_for_room(4, timeout_s=20)
+        for _ in range(4):
+            client.submit(make_group(), timeout_s=20)
+    assert wait_for(lambda: len(hub.received) == 8, client)
+    client.socket.close()
+    hub.stop()
