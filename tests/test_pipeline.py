@@ -81,6 +81,7 @@ def test_run_trains_and_leaves_no_processes(tmp_path):
     assert all(r["staleness_max"] <= 2 for r in rows)
     final = read_metrics(run)[-1]
     assert final.get("final") and final["groups_trained"] == 12
+    assert final["actors_unconfirmed"] == 0  # every actor's final counts are in the ledger
     # The ledger: every group the actors sent is trained, stale, rejected, a duplicate or still unacknowledged.
     assert final["groups_sent"] >= 12 and final["groups_unaccounted"] == 0, final
     assert "actor-0" in output and "actor-1" in output
@@ -196,3 +197,15 @@ def test_an_actor_that_keeps_crashing_is_given_up_with_the_reason(tmp_path):
     assert "5 times in a row" in output and "not restarting it" in output, output
     assert "every actor has given up" in output and launcher.returncode == 1
     assert read_metrics(run)[-1]["stop_reason"] == "signal 15"
+
+
+@pytest.mark.slow
+def test_a_crashing_learner_says_so_in_its_final_row(tmp_path):
+    run = tmp_path / "run"
+    learner = artmlx_process("learner", "--bind", f"tcp://127.0.0.1:{free_port()}", "--out", str(run), "--steps", "3",
+                             "--env", "tests.crashing_env:CrashingEnv", "--set", "eval_every=1", *SMALL)
+    output, _ = learner.communicate(timeout=300)
+    assert learner.returncode != 0, output
+    final = read_metrics(run)[-1]
+    assert final["final"] and final["stop_reason"].startswith("learner crashed: RuntimeError"), final
+    assert "always fails in reset()" in final["stop_reason"]

@@ -111,11 +111,12 @@ class LearnerService:
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
-        if self.trainer.step == 0 and self.config.eval_every:
-            self._evaluate()
         window_start, idle = time.perf_counter(), 0.0
         received_tokens = 0
         try:
+            if self.trainer.step == 0 and self.config.eval_every:
+                self._evaluate()
+                window_start = time.perf_counter()  # the first update's idle time starts after the evaluation
             while self.trainer.step < self.config.steps and self.stop_reason is None:
                 if self.reload_keys:
                     self.reload_keys = False
@@ -228,11 +229,11 @@ class LearnerService:
                 checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
         self._show(phase="stopping actors")
-        self.hub.shutdown(reason)
+        unconfirmed = self.hub.shutdown(reason)
         self._show(phase=f"done: {reason}")
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
                         "final": True, **self._group_counts(), **self.hub.ledger(),
-                        "actors_peak_memory_gb": self.hub.actor_memory(),
+                        "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
                         "stop_reason": reason})
         self.hub.socket.close()
 

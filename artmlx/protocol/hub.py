@@ -392,16 +392,20 @@ class LearnerHub:
             self.counts["actors_lost"] += 1
             self._depart(identity, self.actors[identity].stats)
 
-    def shutdown(self, reason: str, drain_s: float = 5.0) -> None:
-        """Tell every actor to stop, and wait (up to `drain_s`) until each has said it is leaving.
+    def shutdown(self, reason: str, drain_s: float = 30.0) -> int:
+        """Tell every actor to stop, and wait (up to `drain_s`) until each that loaded the model has said
+        it is leaving; returns how many did not (their ledger counts are then a heartbeat old).
 
         ZeroMQ drops what a peer has not read yet when the connection closes, so the learner keeps
-        its socket open until actors confirm.
+        its socket open until actors confirm. An actor in the middle of a long batch reads the
+        shutdown only when the batch ends, hence the generous drain; its final counts (the ledger's
+        sent groups) arrive with its confirmation.
         """
         self.closing = reason
         for info in self.actors.values():
             self.socket.send(info.identity, Shutdown(reason=reason))
         deadline = time.monotonic() + drain_s
-        while self.actors and time.monotonic() < deadline:
+        while any(info.loaded for info in self.actors.values()) and time.monotonic() < deadline:
             self.poll(50)
+        return sum(1 for info in self.actors.values() if info.loaded)
 
