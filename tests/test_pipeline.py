@@ -209,3 +209,43 @@ def test_a_crashing_learner_says_so_in_its_final_row(tmp_path):
     final = read_metrics(run)[-1]
     assert final["final"] and final["stop_reason"].startswith("learner crashed: RuntimeError"), final
     assert "always fails in reset()" in final["stop_reason"]
+
+
+PATIENT_ACTOR = """
+import sys
+from artmlx.actor.service import ActorService
+service = ActorService(sys.argv[1], "patient")
+service.patience_s = 1.0
+service.run()
+"""
+
+
+@pytest.mark.slow
+def test_a_standalone_actor_waits_out_a_silent_learner(tmp_path):
+    """A learner that stops answering (SIGSTOP here; a long evaluation or checkpoint in life) does not kill actors."""
+    run = tmp_path / "run"
+    address = f"tcp://127.0.0.1:{free_port()}"
+    learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "500", "--set", "eval_every=0",
+                             *SMALL)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    actor = subprocess.Popen([sys.executable, "-c", PATIENT_ACTOR, address], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and train_rows(run)):
+            time.sleep(0.2)
+        learner.send_signal(signal.SIGSTOP)
+        time.sleep(8)  # the actor's window fills and stays full: it reports after 1, 3 and 7 s
+        assert actor.poll() is None, "the actor gave up on a silent learner"
+        learner.send_signal(signal.SIGCONT)
+        time.sleep(2)
+        learner.send_signal(signal.SIGTERM)
+        output, _ = actor.communicate(timeout=120)
+        learner.communicate(timeout=120)
+    finally:
+        for process in (learner, actor):
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+    assert "still waiting" in output and actor.returncode == 0, output
+    assert "exiting: signal 15" in output

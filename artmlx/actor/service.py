@@ -49,6 +49,7 @@ class ActorService:
         self.stop = False
         self.nonce = uuid.uuid4().int & ((1 << 62) - 1)
         self.memory_budget_gb = memory_budget_gb
+        self.patience_s = 60.0  # first report of a silent learner; the interval doubles up to 10 minutes
 
     def say(self, text: str) -> None:
         if self.echo:
@@ -102,7 +103,7 @@ class ActorService:
     def _wait_for_room(self, count: int) -> None:
         """Wait for window room however long the learner is silent (an evaluation or checkpoint can take
         minutes; a restarted learner answers with a new session): report with growing intervals, never crash."""
-        waited, patience = 0.0, 60.0
+        waited, patience = 0.0, self.patience_s
         while True:
             try:
                 self.client.wait_for_room(count, timeout_s=patience)
