@@ -52,6 +52,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..model.backend import dense_weight_count
+
 DEFAULT_FRACTION = 0.75
 KV_SHARE = 0.6
 WORKSPACE_SHARE = 0.3
@@ -100,10 +102,6 @@ def apply_limits(budget: int) -> None:
     mx.set_cache_limit(budget // 4)
 
 
-def _dense_weights(module) -> int:
-    return module["weight"].shape[0] * module["weight"].shape[1] * 32 // module.bits
-
-
 @dataclass(frozen=True)
 class ModelShape:
     layers: int
@@ -130,7 +128,7 @@ class ModelShape:
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    vocab=args.vocab_size, activation_bytes=activation_bytes,
                    weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
-                   dense_copy_bytes=sum(_dense_weights(m) * activation_bytes for _, m in model.named_modules()
+                   dense_copy_bytes=sum(dense_weight_count(m) * activation_bytes for _, m in model.named_modules()
                                         if getattr(m, "dequant_rows", 0)))
 
     @property

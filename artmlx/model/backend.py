@@ -89,7 +89,8 @@ class DequantizingEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x) if y is None else y
 
 
-def _weights(module) -> int:
+def dense_weight_count(module) -> int:
+    """Weights of a 4-bit layer once dequantized (its packed codes hold 32 // bits each)."""
     return module["weight"].shape[0] * module["weight"].shape[1] * 32 // module.bits
 
 
@@ -98,7 +99,7 @@ def use_dequantizing_layers(model: nn.Module, rows: int) -> int:
     changed = 0
     for _, module in model.named_modules():
         for cls, new in ((nn.QuantizedLinear, DequantizingLinear), (nn.QuantizedEmbedding, DequantizingEmbedding)):
-            if type(module) is cls and _weights(module) >= DEQUANT_MIN_WEIGHTS:
+            if type(module) is cls and dense_weight_count(module) >= DEQUANT_MIN_WEIGHTS:
                 module.__class__ = new  # same parameters, another product; no copy of the weights
                 module.dequant_rows = rows
                 changed += 1

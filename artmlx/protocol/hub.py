@@ -25,16 +25,11 @@ Hardening (an actor with a valid key may be buggy or hostile):
 - every group is checked against the run (`admission.group_problem`: group size, vocabulary,
   lengths, rewards, logprobs, env, sender); a bad one is rejected with the reason, acknowledged,
   counted, and never handed to the trainer;
-- windows are enforced: a group beyond the largest window the actor was told in the last
-  `WINDOW_GRACE_S` is rejected ("over its window");
-- liveness: when the learner has waited `stall_s` for groups with none arriving, every actor's
-  window grows by what the next update still lacks (at least one of its batches, since an actor
-  waits for room for a whole batch), so the actors that are producing can fill it alone; a silent
-  actor's share thus returns to the others within seconds, not at its timeout. Shares count only
-  actors that loaded the model;
+- windows (`flow.Windows`): enforced, and grown while the learner waits for groups that do not
+  come, so a silent actor's share returns to the others within seconds; shares count only actors
+  that loaded the model;
 - `poll` handles at most `POLL_MAX_MESSAGES` messages and returns at its deadline even under a
-  flood; status requests are answered at most `STATUS_PER_S` times a second in all (and once per
-  `STATUS_INTERVAL_S` per client); the rest are dropped and counted;
+  flood; status requests are rate-limited (`flow.RequestRate`); the rest are dropped and counted;
 - an actor gets the adapter only after a hello with the run's fingerprint (it loaded the model);
   at most `max_actors` are known at once (the oldest that never loaded the model makes room for a
   newcomer, so hello floods cannot lock actors out); departed actors' counts beyond `MAX_DEPARTED` are folded
@@ -53,16 +48,15 @@ from dataclasses import dataclass, field
 
 from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
+from .flow import RequestRate, Windows
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket
 
 REJOIN = ""  # the session a learner answers an actor it does not know with
 POLL_MAX_MESSAGES = 512
-STATUS_PER_S = 20.0
-STATUS_INTERVAL_S = 0.2
-WINDOW_GRACE_S = 10.0
 MAX_DEPARTED = 1024
+LEDGER_KEYS = ("groups_sent", "groups_resent", "groups_unacked")
 
 
 @dataclass
@@ -87,12 +81,12 @@ class LearnerHub:
                  max_in_flight: int | Callable[[int, int], int] = 4,
                  actor_timeout_s: float = 60.0, consumed: dict[str, int] | set[str] | None = None,
                  share: Callable[[int], int] | None = None, limits: GroupLimits | None = None,
-                 groups_per_update: int = 0, stall_s: float = 3.0, max_actors: int = 256,
-                 keep_consumed_versions: int = 3):
+                 groups_per_update: int = 0, stall_s: float = 3.0, max_actors: int = 256):
         self.socket = socket
         self.run_config = run_config
         self.fingerprint = fingerprint
-        self.max_in_flight = max_in_flight
+        self.windows = Windows(max_in_flight, groups_per_update, stall_s)
+        self.status_rate = RequestRate()
         self.share = share
         self.actor_timeout_s = actor_timeout_s
         self.session = uuid.uuid4().hex
@@ -100,11 +94,7 @@ class LearnerHub:
         # Group id -> policy version it was sampled at (a legacy checkpoint's plain list: version 0).
         self.consumed: dict[str, int] = dict(consumed) if isinstance(consumed, dict) else dict.fromkeys(consumed or (), 0)
         self.limits = limits  # None: schema checks only (protocol unit tests); the learner always sets them
-        self.groups_per_update = groups_per_update
-        self.stall_s = stall_s
         self.max_actors = max_actors
-        self.keep_consumed_versions = keep_consumed_versions
-        self._last_arrival = 0.0  # listening clock of the last group, or of the last consume
         self.waiting: dict[str, bytes] = {}
         self.policy_version = 0
         self._adapter_frames: list | None = None
@@ -114,8 +104,6 @@ class LearnerHub:
         self.extra_status: dict = {}
         self.departed: dict[bytes, dict] = {}  # last stats of actors that left or were lost, for the ledger
         self.departed_totals: collections.Counter = collections.Counter()  # of those beyond MAX_DEPARTED
-        self._status_times: collections.deque = collections.deque()
-        self._status_by_client: dict[bytes, float] = {}
         # Seconds spent inside poll(): silence is only held against an actor while the hub listened,
         # so a learner busy for longer than the timeout (a long eval) does not lose its actors.
         self._listened = 0.0
@@ -159,7 +147,7 @@ class LearnerHub:
                 self._hello(identity, message)
             return None
         if isinstance(message, StatusRequest):
-            if self._status_allowed(identity):
+            if self.status_rate.allow(identity):
                 self.socket.send(identity, StatusReply(state=self.status()))
             else:
                 self.counts["status_dropped"] += 1
@@ -182,7 +170,7 @@ class LearnerHub:
             return None
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
-            admission = {"window": self._tell_window(info)}
+            admission = {"window": self.windows.tell(info, self.window(info))}
             if self.share is not None:
                 admission["share"] = max(1, int(self.share(self.producers())))
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
@@ -229,7 +217,8 @@ class LearnerHub:
         info.loaded = info.loaded or hello.fingerprint == self.fingerprint
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
                                            fingerprint=self.fingerprint, policy_version=self.policy_version,
-                                           max_in_flight=self._tell_window(info), actor_index=info.index))
+                                           max_in_flight=self.windows.tell(info, self.window(info)),
+                                           actor_index=info.index))
         if info.loaded:
             self._send_adapter(info)  # only if this actor does not have the current one yet
 
@@ -250,8 +239,8 @@ class LearnerHub:
             reason = f"fingerprint {printable(group.fingerprint)} is not the run's {self.fingerprint}"
         elif group.policy_version > self.policy_version:
             reason = f"policy version {group.policy_version} is ahead of the learner's {self.policy_version}"
-        elif info.in_flight >= self._allowance(info):
-            reason = f"over its window: {info.in_flight} groups already waiting (window {self.window(info)})"
+        elif info.in_flight >= self.windows.allowance(info, window := self.window(info)):
+            reason = f"over its window: {info.in_flight} groups already waiting (window {window})"
         elif self.limits is not None:
             reason = group_problem(group, self.limits, info.name)
         if reason:
@@ -262,7 +251,7 @@ class LearnerHub:
             return None
         self.waiting[group.group_id] = info.identity
         info.in_flight += 1
-        self._last_arrival = self._listening_clock()
+        self.windows.last_progress = self._listening_clock()
         return info, group
 
     def consume(self, group_id: str, status: str, reason: str = "", policy_version: int = 0) -> None:
@@ -270,7 +259,7 @@ class LearnerHub:
         identity = self.waiting.pop(group_id, None)
         self.consumed[group_id] = policy_version
         self.counts[status] += 1
-        self._last_arrival = self._listening_clock()  # progress: the stall clock starts again
+        self.windows.last_progress = self._listening_clock()  # progress: the stall clock starts again
         if identity is None:
             return
         info = self.actors.get(identity)
@@ -279,50 +268,12 @@ class LearnerHub:
         self.socket.send(identity, Ack(group_id, status, reason))
 
     def window(self, info: ActorInfo | None = None) -> int:
-        """An actor's flow-control window now (it shrinks as actors join: capacity-based admission),
-        grown while the learner is stalled so this actor alone can send what the update lacks, or at
-        least one of its batches (an actor waits for room for a whole batch before generating it)."""
-        batch = info.stats.get("groups_per_batch", 0) if info is not None else 0
-        batch = int(batch) if isinstance(batch, (int, float)) and 0 < batch < 1 << 16 else 0
-        if callable(self.max_in_flight):
-            window = max(1, int(self.max_in_flight(self.producers(), batch)))
-        else:
-            window = self.max_in_flight
-        if info is not None and self.stalled():
-            window = max(window, info.in_flight + max(self.groups_per_update - len(self.waiting), batch, 1))
-        return window
+        """An actor's flow-control window now (`flow.Windows`); the plain rule's without an actor."""
+        return self.windows.size(self.producers(), len(self.waiting), self._listening_clock(), info)
 
     def producers(self) -> int:
         """Actors that loaded the model (the ones that can produce groups), at least 1."""
         return max(1, sum(1 for info in self.actors.values() if info.loaded))
-
-    def stalled(self) -> bool:
-        """The next update lacks groups and none has arrived (or been consumed) for `stall_s`."""
-        return (0 < self.groups_per_update and len(self.waiting) < self.groups_per_update
-                and self._listening_clock() - self._last_arrival > self.stall_s)
-
-    def _tell_window(self, info: ActorInfo) -> int:
-        window = self.window(info)
-        now = time.monotonic()
-        info.told = [(t, w) for t, w in info.told if now - t < WINDOW_GRACE_S][-16:] + [(now, window)]
-        return window
-
-    def _allowance(self, info: ActorInfo) -> int:
-        """Groups this actor may have waiting: the largest window it was told recently (or now)."""
-        now = time.monotonic()
-        return max([self.window(info)] + [w for t, w in info.told if now - t < WINDOW_GRACE_S])
-
-    def _status_allowed(self, identity: bytes) -> bool:
-        now = time.monotonic()
-        while self._status_times and now - self._status_times[0] > 1.0:
-            self._status_times.popleft()
-        if len(self._status_times) >= STATUS_PER_S or now - self._status_by_client.get(identity, -1e9) < STATUS_INTERVAL_S:
-            return False
-        self._status_times.append(now)
-        if len(self._status_by_client) > 4 * self.max_actors:
-            self._status_by_client.clear()
-        self._status_by_client[identity] = now
-        return True
 
     def _depart(self, identity: bytes, stats: dict) -> None:
         self.actors.pop(identity, None)
@@ -330,8 +281,7 @@ class LearnerHub:
         self.departed[identity] = stats
         while len(self.departed) > MAX_DEPARTED:
             oldest = next(iter(self.departed))
-            self.departed_totals.update({k: v for k, v in self.departed.pop(oldest).items()
-                                         if k in ("groups_sent", "groups_resent", "groups_unacked")})
+            self.departed_totals.update({k: v for k, v in self.departed.pop(oldest).items() if k in LEDGER_KEYS})
 
     def forget_consumed(self, before_version: int) -> int:
         """Drop consumed ids sampled before `before_version` (their resends are stale anyway)."""
@@ -359,7 +309,7 @@ class LearnerHub:
         `unaccounted` is 0 in a clean run and otherwise counts groups lost with a killed process.
         Counts restart with a learner process, so after `--resume` the ledger covers this process only.
         """
-        reports = [self.departed_totals, *self.departed.values(), *(info.stats for info in self.actors.values())]
+        reports = [self.departed_totals, *self._reports()]
         sent = sum(int(r.get("groups_sent", 0)) for r in reports)
         in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
         settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
@@ -368,9 +318,12 @@ class LearnerHub:
 
     def actor_memory(self) -> list[float]:
         """Peak memory (GB) each actor reported, live or departed (numbers only; anything else is skipped)."""
-        reports = [*self.departed.values(), *(info.stats for info in self.actors.values())]
-        peaks = [r.get("peak_memory_gb") for r in reports]
+        peaks = [r.get("peak_memory_gb") for r in self._reports()]
         return [round(float(p), 3) for p in peaks if isinstance(p, (int, float)) and not isinstance(p, bool)]
+
+    def _reports(self) -> list[dict]:
+        """The last stats of every actor, departed or live."""
+        return [*self.departed.values(), *(info.stats for info in self.actors.values())]
 
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""
