@@ -21,7 +21,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import zmq
 
 from ..protocol.client import ActorClient
 from ..protocol.codec import decode, encode
@@ -113,7 +112,7 @@ def bench_fanout(keys, subscribers: int, dtype: str = "float32", rounds: int = 1
     import mlx.core as mx
 
     learner = LearnerSocket("tcp://127.0.0.1:0", keys=keys, io_threads=io_threads)
-    threads = learner.context.get(zmq.IO_THREADS)
+    threads = learner.settings.io_threads
     hub = LearnerHub(learner, {}, "fp")
     context = mp.get_context("spawn")
     queue = context.Queue()

@@ -28,7 +28,7 @@ from ..evaluate import evaluate
 from ..metrics import MetricsLog
 from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
-from ..protocol.admission import GroupLimits, inbound_frame_limit
+from ..protocol.admission import GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import LearnerHub
 from ..protocol.sockets import LearnerSocket
@@ -66,7 +66,7 @@ class LearnerService:
         limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=self.model.args.vocab_size,
                              max_tokens=config.max_episode_tokens + config.max_reply_tokens,
                              max_turns=config.max_turns, max_reply_tokens=config.max_reply_tokens)
-        socket = LearnerSocket(bind, keys=keys, insecure=insecure, max_message_bytes=inbound_frame_limit(limits))
+        socket = LearnerSocket(bind, keys=keys, insecure=insecure, max_message_bytes=inbound_message_limit(limits))
         self.hub = LearnerHub(socket, dataclasses.asdict(config),
                               self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed,
                               share=config.share_of_update, limits=limits, groups_per_update=config.groups_per_step)

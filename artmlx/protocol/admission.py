@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .codec import DEFAULT_LIMITS
 from .messages import TrajectoryGroup
 
 REWARD_LIMIT = 1e6
@@ -55,12 +56,11 @@ class GroupLimits:
     max_reply_tokens: int
 
 
-def inbound_frame_limit(limits: GroupLimits) -> int:
-    """Bytes one frame from an actor may hold: twice a full group's token ids (the largest array), at least 16 MB.
-
-    ZeroMQ's `MAXMSGSIZE` applies per frame, so this bounds each array of a message; a message of
-    many frames is still assembled before the codec refuses it (`Limits.max_frames`)."""
-    return max(16 << 20, 2 * 4 * limits.group_size * limits.max_tokens)
+def inbound_message_limit(limits: GroupLimits) -> int:
+    """Bytes one whole message from an actor may have: a full group (nine bytes a token over its
+    arrays: int32 ids, float32 logprobs, a bool mask) with room for the header, at least 4 MB.
+    The gateway (gateway.py) enforces it over all frames together."""
+    return max(4 << 20, 9 * limits.group_size * limits.max_tokens + DEFAULT_LIMITS.max_header_bytes + (64 << 10))
 
 
 def group_problem(group: TrajectoryGroup, limits: GroupLimits, sender: str) -> str:

@@ -51,7 +51,7 @@ from .codec import encode
 from .flow import RequestRate, Windows
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
-from .sockets import LearnerSocket
+from .sockets import LearnerSocket, Undelivered
 
 REJOIN = ""  # the session a learner answers an actor it does not know with
 POLL_MAX_MESSAGES = 512
@@ -153,6 +153,10 @@ class LearnerHub:
                 self.counts["status_dropped"] += 1
             return None
         info = self.actors.get(identity)
+        if isinstance(message, Undelivered):  # maybe an adapter: send it again at the next heartbeat
+            if info is not None:
+                info.adapter_sent = min(info.adapter_sent, info.policy_version)
+            return None
         if info is None:
             # Unknown actor (this learner restarted, or it expired the actor): an empty session asks it
             # to say hello again and resend what it holds unacknowledged.
@@ -329,12 +333,13 @@ class LearnerHub:
         """Send a new adapter to every live actor; returns how many got it now."""
         self.policy_version = policy_version
         self._adapter_frames = encode(AdapterUpdate(policy_version, tensors))
+        self.socket.keep_adapter(self._adapter_frames)
         return sum(self._send_adapter(info) for info in list(self.actors.values()))
 
     def _send_adapter(self, info: ActorInfo) -> bool:
         if self._adapter_frames is None or info.adapter_sent >= self.policy_version:
             return False
-        if self.socket.send(info.identity, None, frames=self._adapter_frames):
+        if self.socket.send_adapter(info.identity):
             info.adapter_sent = self.policy_version
             return True
         return False

@@ -63,12 +63,19 @@ def allowed_keys(folder: Path) -> set[str]:
     return {key.decode("ascii") for key in zmq.auth.load_certificates(str(Path(folder) / "allowed"))}
 
 
-def secure_server(context: zmq.Context, socket: zmq.Socket, folder: Path) -> ThreadAuthenticator:
-    """Make `socket` a CURVE server that admits only keys in `folder/allowed`."""
+def server_keys(folder: Path) -> tuple[bytes, bytes]:
+    """The learner's key pair from `folder`, after checking it is private and `allowed/` exists."""
     folder = Path(folder)
     public, secret = _load(folder / "learner.key_secret")
     if not (folder / "allowed").is_dir():
         raise FileNotFoundError(f"{folder}/allowed/ not found; create keys with `artmlx keygen {folder}`")
+    return public, secret
+
+
+def secure_server(context: zmq.Context, socket: zmq.Socket, folder: Path) -> ThreadAuthenticator:
+    """Make `socket` a CURVE server that admits only keys in `folder/allowed`."""
+    folder = Path(folder)
+    public, secret = server_keys(folder)
     authenticator = ThreadAuthenticator(context)
     authenticator.start()
     authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(folder / "allowed"))

@@ -1,19 +1,28 @@
-"""The two socket ends: the learner's ROUTER (binds) and an actor's DEALER (connects).
+"""The two socket ends: the learner's (through its gateway process) and an actor's DEALER.
 
-One port carries everything. ROUTER gives the learner each actor's identity and lets it answer
-that actor alone (welcome, acks, adapters); DEALER reconnects by itself when the learner comes
-back. High-water marks bound every queue, `ZMQ_MAXMSGSIZE` caps what a peer may send, sends never
-block (a full queue is reported, not waited on), and `close()` lingers briefly so shutdown never
-hangs. Every received message is decoded strictly; a bad one is counted by reason, logged, and
-dropped, and the endpoint keeps working.
+One port carries everything. The learner's gateway (gateway.py) owns a ROUTER socket: it gives the
+learner each actor's identity and lets it answer that actor alone (welcome, acks, adapters), and it
+keeps every message from the wire out of the learner until it is whole and within its byte limit.
+DEALER reconnects by itself when the learner (or its gateway) comes back. High-water marks bound
+every queue, sends never block (a full queue is reported, not waited on), and `close()` lingers
+briefly so shutdown never hangs. Every received message is decoded strictly; a bad one is counted by
+reason, logged, and dropped, and the endpoint keeps working.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -21,10 +30,12 @@ import zmq
 from .codec import DEFAULT_LIMITS, Limits, decode, encode
 from .errors import ProtocolError, VersionMismatch
 from .messages import Refuse
-from .security import ZAP_DOMAIN, allowed_keys, is_loopback, secure_client, secure_server
+from .gateway import CONTROL_HWM, EXIT_MEMORY, GatewaySettings
+from .security import allowed_keys, is_loopback, secure_client, server_keys
 
 log = logging.getLogger("artmlx.protocol")
 LOUD_REJECTIONS = 20
+GATEWAY_START_S = 30.0
 
 
 class RejectionCounter:
@@ -37,10 +48,10 @@ class RejectionCounter:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def reject(self, kind: str, detail: str, peer: str = "") -> None:
-        self.counts[kind] += 1
+    def reject(self, kind: str, detail: str, peer: str = "", times: int = 1) -> None:
+        self.counts[kind] += times
         level = logging.WARNING if self.total <= LOUD_REJECTIONS else logging.DEBUG
-        log.log(level, "rejected message%s (%s): %s [%d rejected so far]",
+        log.log(level, "rejected %s%s (%s): %s [%d rejected so far]", f"{times} messages" if times > 1 else "message",
                 f" from {peer}" if peer else "", kind, detail, self.total)
 
 
@@ -56,10 +67,23 @@ def default_io_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
+@dataclass(frozen=True)
+class Undelivered:
+    """Not a wire message: the gateway could not queue what the learner sent this actor (gone, or its
+    queue full); the hub then sends the adapter again at the actor's next heartbeat."""
+
+
 class LearnerSocket:
+    """The learner's end: a gateway process (gateway.py) owns the public socket; this talks to it.
+
+    `max_message_bytes` bounds one whole message from an actor, all frames together. A gateway that
+    dies (it resets itself when a peer's unfinished message grows past its memory limit) is started
+    again on the same address at the next receive or send; `resets` counts that.
+    """
+
     def __init__(self, bind: str, keys: Path | None = None, insecure: bool = False, hwm: int = 256,
                  max_message_bytes: int = 256 << 20, limits: Limits = DEFAULT_LIMITS, linger_ms: int = 500,
-                 io_threads: int = 0):
+                 io_threads: int = 0, queue_bytes: int = 0, memory_limit: int = 0):
         if keys is None and not insecure and not is_loopback(bind):
             raise ValueError(
                 f"refusing to bind {bind} without encryption: create keys with `artmlx keygen DIR` and pass "
@@ -67,31 +91,87 @@ class LearnerSocket:
             )
         if keys is None and not is_loopback(bind):
             log.warning("INSECURE: %s accepts unauthenticated, unencrypted connections from the network", bind)
-        self.context = zmq.Context(io_threads=io_threads or default_io_threads())
-        self.socket = self.context.socket(zmq.ROUTER)
-        _configure(self.socket, hwm, max_message_bytes, linger_ms)
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.keys = Path(keys) if keys else None
-        self.authenticator = secure_server(self.context, self.socket, self.keys) if keys else None
+        if self.keys is not None:
+            server_keys(self.keys)  # a key problem is told here, in the learner, not by the gateway
         self.allowed = allowed_keys(self.keys) if keys else set()
         self.key_of: collections.OrderedDict[bytes, str] = collections.OrderedDict()  # identity -> its CURVE key
-        self.socket.bind(bind)
-        self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.limits = limits
         self.rejections = RejectionCounter()
+        self.resets = 0
+        self._folder = tempfile.mkdtemp(prefix="artmlx-gateway-")  # 0700: only this user reaches the gateway
+        self.context = zmq.Context()
+        self.control = self.context.socket(zmq.PAIR)
+        for option, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, CONTROL_HWM), (zmq.LINGER, linger_ms)):
+            self.control.setsockopt(option, value)
+        self.control.bind(f"ipc://{self._folder}/control")
+        self.settings = GatewaySettings(
+            bind=bind, control=f"ipc://{self._folder}/control", keys=str(self.keys or ""), hwm=hwm,
+            message_limit=max_message_bytes, queue_bytes=queue_bytes or max(64 << 20, 4 * max_message_bytes),
+            memory_limit=memory_limit or max(512 << 20, 8 * max_message_bytes),
+            io_threads=io_threads or default_io_threads(), linger_ms=linger_ms)
+        self.kept: list | None = None
+        self.process: subprocess.Popen | None = None
+        try:
+            self.address = self._start()
+        except BaseException:
+            self._release()
+            raise
+        self.settings.bind = self.address  # a restarted gateway takes the same port
+
+    def _start(self) -> str:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "artmlx.protocol.gateway", json.dumps(dataclasses.asdict(self.settings))],
+            start_new_session=True)  # a Ctrl-C reaches the learner, which stops the gateway when it is done
+        deadline = time.monotonic() + GATEWAY_START_S
+        while time.monotonic() < deadline:
+            if self.control.poll(100, zmq.POLLIN):
+                frames = self.control.recv_multipart()
+                if frames[0] == b"ready":
+                    if self.kept is not None:
+                        self._tell([b"keep", *self.kept])
+                    return frames[1].decode()
+                if frames[0] == b"error":
+                    raise OSError(frames[1].decode())
+                continue  # left by the gateway that went down: its actors resend
+            if self.process.poll() is not None:
+                break
+        raise OSError(f"the gateway for {self.settings.bind} did not start (exit status {self.process.poll()})")
+
+    def _check_gateway(self) -> None:
+        code = self.process.poll()
+        if code is None:
+            return
+        self.resets += 1
+        why = ("a peer sent a message that never ends (memory limit)" if code == EXIT_MEMORY
+               else f"it exited with status {code}")
+        log.warning("the gateway on %s went down (%s); starting it again: actors reconnect by themselves",
+                    self.address, why)
+        self.rejections.reject("gateway_reset", why)
+        self._start()
 
     def receive(self, timeout_ms: int) -> tuple[bytes, object] | None:
-        """Next valid message as (actor identity, message); None on timeout or rejection."""
-        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+        """Next valid message as (actor identity, message), or (identity, Undelivered());
+        None on timeout or rejection."""
+        self._check_gateway()
+        if not self.control.poll(timeout_ms, zmq.POLLIN):
             return None
-        frames = self.socket.recv_multipart(copy=False)
-        identity = frames[0].bytes
+        frames = self.control.recv_multipart(copy=False)
+        kind, identity = frames[0].bytes, frames[1].bytes if len(frames) > 1 else b""
         peer = identity.hex()[:16]
-        if self.authenticator is not None and not self._key_matches(identity, _user_id(frames), peer):
+        if kind == b"undelivered":
+            return identity, Undelivered()
+        if kind == b"dropped":
+            times = frames[4].bytes.decode()
+            self.rejections.reject(frames[2].bytes.decode(), frames[3].bytes.decode(), peer,
+                                   int(times) if times.isdigit() else 1)
+            return None
+        if kind != b"message":
+            return None
+        if self.keys is not None and not self._key_matches(identity, frames[2].bytes.decode() or None, peer):
             return None
         try:
-            return identity, decode(frames[1:], self.limits)
+            return identity, decode(frames[3:], self.limits)
         except VersionMismatch as error:
             self.rejections.reject("version", str(error), peer)
             self.send(identity, Refuse(reason=f"{error}; upgrade artmlx on both sides to the same version"))
@@ -116,33 +196,52 @@ class LearnerSocket:
 
     def reload_keys(self) -> int:
         """Re-read the allowed keys (revocation without restart); returns how many are allowed now."""
-        if self.authenticator is None:
+        if self.keys is None:
             return 0
-        self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(self.keys / "allowed"))
         self.allowed = allowed_keys(self.keys)
+        self._tell([b"reload-keys"])
         return len(self.allowed)
 
     def send(self, identity: bytes, message, frames: list | None = None) -> bool:
-        """Send without blocking; False if that actor is gone or its queue is full."""
+        """Hand a message for one actor to the gateway; an actor that is gone or whose queue is full
+        comes back from `receive` as `Undelivered`."""
+        self._check_gateway()
+        return self._tell([b"send", identity, *(frames or encode(message))])
+
+    def keep_adapter(self, frames: list) -> None:
+        """Give the gateway the current adapter once; `send_adapter` then sends it to one actor."""
+        self.kept = frames
+        self._check_gateway()
+        self._tell([b"keep", *frames])
+
+    def send_adapter(self, identity: bytes) -> bool:
+        self._check_gateway()
+        return self._tell([b"send-kept", identity])
+
+    def _tell(self, frames: list) -> bool:
+        """To the gateway, never blocking (False in the moment between a gateway going down and its successor)."""
         try:
-            self.socket.send_multipart([identity, *(frames or encode(message))], flags=zmq.NOBLOCK, copy=False)
+            self.control.send_multipart(frames, zmq.NOBLOCK, copy=False)
             return True
-        except (zmq.Again, zmq.ZMQError):
+        except zmq.Again:
             return False
 
     def close(self) -> None:
-        self.socket.close()
-        if self.authenticator:
-            self.authenticator.stop()
+        if self.process is not None and self.process.poll() is None and self._tell([b"stop"]):
+            try:
+                self.process.wait(timeout=self.settings.linger_ms / 1000 + 5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._release()
+
+    def _release(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.control.close(linger=0)
         self.context.term()
-
-
-def _user_id(frames) -> str | None:
-    """The ZAP user id (the sender's CURVE public key) the message arrived with."""
-    try:
-        return frames[-1].get("User-Id")
-    except (zmq.ZMQError, AttributeError):
-        return None
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 class ActorSocket:

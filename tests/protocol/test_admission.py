@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from artmlx.protocol.admission import (LOGPROB_FLOOR, REWARD_LIMIT, GroupLimits, group_problem, inbound_frame_limit,
+from artmlx.protocol.admission import (LOGPROB_FLOOR, REWARD_LIMIT, GroupLimits, group_problem, inbound_message_limit,
                                        printable, typed_stats)
 from artmlx.protocol.codec import decode, encode
 from artmlx.protocol.messages import TrajectoryGroup
@@ -109,9 +109,12 @@ def test_stats_keep_known_keys_with_their_types():
     assert typed_stats({"leaving": True})["leaving"] is True
 
 
-def test_frames_from_actors_are_limited_by_the_run():
-    assert inbound_frame_limit(LIMITS) == 16 << 20  # small runs: the floor
+def test_messages_from_actors_are_limited_by_the_run():
+    assert inbound_message_limit(LIMITS) == 4 << 20  # small runs: the floor
     big = GroupLimits(env="e", group_size=64, vocab_size=10, max_tokens=65536, max_turns=1, max_reply_tokens=1)
-    assert inbound_frame_limit(big) == 2 * 4 * 64 * 65536  # room for twice a full group's token ids
-    honest = decode(encode(honest_group()))
-    assert max(array.nbytes for array in (honest.tokens, honest.logprobs)) < inbound_frame_limit(LIMITS)
+    full = 64 * 65536
+    assert inbound_message_limit(big) > full * (4 + 4 + 1)  # ids, logprobs and mask of a full group
+    assert inbound_message_limit(big) < full * 10
+    # The longest honest group of a run, encoded, fits.
+    longest = honest_group(lengths=(LIMITS.max_tokens,) * LIMITS.group_size)
+    assert sum(len(frame) for frame in encode(longest)) < inbound_message_limit(LIMITS)
