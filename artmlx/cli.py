@@ -129,7 +129,8 @@ def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, o
 @click.option("--actor-key", default="actor", show_default=True, help="Name of this actor's key pair in --keys.")
 @click.option("--memory-budget-gb", type=float, default=0.0,
               help="Memory this actor may use; 0 = 75 % of this machine's device (shared by the processes on it).")
-def actor(connect, name, keys, actor_key, memory_budget_gb):
+@click.option("--host-label", default="", help="Host name the learner shows and sums by (default: the machine's).")
+def actor(connect, name, keys, actor_key, memory_budget_gb, host_label):
     """An actor process: samples groups with the learner's current adapter and streams them to it."""
     from .launch import watch_parent
     from .protocol.client import ActorRefused
@@ -141,7 +142,8 @@ def actor(connect, name, keys, actor_key, memory_budget_gb):
 
         if memory_budget_gb < 0:
             raise ValueError(f"--memory-budget-gb must be >= 0, got {memory_budget_gb}")
-        ActorService(connect, name, Path(keys) if keys else None, actor_key, memory_budget_gb=memory_budget_gb).run()
+        ActorService(connect, name, Path(keys) if keys else None, actor_key, memory_budget_gb=memory_budget_gb,
+                     host=host_label).run()
     except ActorRefused as refused:
         raise click.ClickException(f"the learner refused this actor: {refused}")
     except (ValueError, FileNotFoundError) as error:
@@ -311,8 +313,10 @@ def _print_model_path(name: str) -> None:
 
 def _register_subgroups() -> None:
     from .bench.cli import bench
+    from .deploy.cli import register
 
     cli.add_command(bench)
+    register(cli)
 
 
 _register_subgroups()

@@ -42,9 +42,10 @@ from ..rollout.episodes import EpisodeRollouts, SamplingParams
 
 class ActorService:
     def __init__(self, connect: str, name: str | None = None, keys: Path | None = None, actor_key: str = "actor",
-                 echo: bool = True, memory_budget_gb: float = 0.0):
+                 echo: bool = True, memory_budget_gb: float = 0.0, host: str = ""):
         self.name = name or f"{socketlib.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.client = ActorClient(ActorSocket(connect, keys=keys, actor_key=actor_key), self.name)
+        self.client.host = host or self.client.host
         self.echo = echo
         self.stop = False
         self.nonce = uuid.uuid4().int & ((1 << 62) - 1)

@@ -166,9 +166,27 @@ def lora_disabled(model: nn.Module):
             module.scale = scale
 
 
-def fingerprint(model_name: str, spec: LoraSpec) -> str:
-    """A short hash of the base model's config and the LoRA layout (what actor and learner must share)."""
+def local_model_folder(model_name: str) -> Path | None:
+    """Where the model is on this machine: `tiny`, a folder, or a hub id already in the local cache
+    (HF_HOME); None when it is not here (nothing is downloaded)."""
     path = Path(resolve_model(model_name))
-    base = (path / "config.json").read_text() if (path / "config.json").exists() else model_name
-    payload = json.dumps({"base": base, "lora": spec.__dict__}, sort_keys=True, default=list)
+    if path.exists():
+        return path
+    from mlx_lm.utils import hf_repo_to_path
+
+    try:
+        return Path(hf_repo_to_path(model_name))
+    except Exception:  # the hub library's many "not in the cache" and "not a repo id" errors alike
+        return None
+
+
+def fingerprint(model_name: str, spec: LoraSpec) -> str:
+    """A short hash of the base model (its config and the names and sizes of its weight files) and the
+    LoRA layout: what actor and learner must share. A model not found here hashes by its name."""
+    path = local_model_folder(model_name)
+    base, weights = model_name, []
+    if path is not None and (path / "config.json").exists():
+        base = (path / "config.json").read_text()
+        weights = sorted((file.name, file.stat().st_size) for file in path.glob("*.safetensors"))
+    payload = json.dumps({"base": base, "weights": weights, "lora": spec.__dict__}, sort_keys=True, default=list)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -299,7 +299,8 @@ class LearnerHub:
         now = time.monotonic()
         actors = [{"name": a.name, "host": a.host, "policy_version": a.policy_version, "in_flight": a.in_flight,
                    "seen_s_ago": round(now - a.last_seen, 1), "connected_s": round(now - a.joined, 1),
-                   "stats": a.stats} for a in self.actors.values()]
+                   "loaded": a.loaded, "window": self.windows.allowance(a, 0), "stats": a.stats}
+                  for a in self.actors.values()]
         return {"session": self.session, "policy_version": self.policy_version, "fingerprint": self.fingerprint,
                 "window": self.window(), "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
                 "counts": dict(self.counts), "actors": actors, **self.extra_status}

@@ -1,0 +1,1 @@
+"""Several hosts: the hosts file, remote commands, `artmlx doctor`, `artmlx up/down/logs`, service files."""

@@ -1,0 +1,168 @@
+"""The hosts file: `mlx.launch`'s JSON list of `{"ssh": host, "ips": [...]}`, with an `artmlx` block per host.
+
+    [{"ssh": "studio", "ips": ["192.168.1.10"], "artmlx": {"role": "learner", "port": 5555}},
+     {"ssh": "air", "ips": ["192.168.1.11"], "artmlx": {"role": "actor", "actors": 1,
+      "python": "~/artmlx/.venv/bin/python", "model_cache": "~/.cache/huggingface", "env": {"K": "V"}}}]
+
+A host without an `artmlx` block is an actor host with the defaults (`mlx.launch` files work as they
+are, given one learner). Exactly one host is the learner; it binds its first IP (or `bind_ip`), never a
+guessed interface, and actors connect to that address. Every error names the host and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("learner", "actor")
+DEFAULT_PORT = 5555
+NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+BLOCK_FIELDS = {"role", "actors", "python", "workdir", "model_cache", "env", "port", "bind_ip", "memory_budget_gb"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of the fleet."""
+
+    ssh: str
+    """How to reach it: an ssh destination (user@host or a ~/.ssh/config alias); with another remote
+    prefix (`--remote`), whatever that prefix takes (a network namespace's name in the tests)."""
+    ips: tuple[str, ...]
+    """Its addresses on the network the fleet shares; the learner binds the first (or `bind_ip`)."""
+    role: str = "actor"
+    """learner or actor."""
+    actors: int = 1
+    """Actor processes on this host (an actor host)."""
+    python: str = "python3"
+    """The Python that has artmlx installed there (a venv's bin/python)."""
+    workdir: str = ""
+    """Folder for keys, logs, pid files and the run there (default ~/artmlx-up/SSH)."""
+    model_cache: str = ""
+    """Hugging Face cache to find the model in (HF_HOME); empty: the host's default."""
+    env: dict = field(default_factory=dict)
+    """Extra environment variables for artmlx processes there."""
+    port: int = DEFAULT_PORT
+    """The learner's port."""
+    bind_ip: str = ""
+    """The learner's address to bind, when not the first of `ips`."""
+    memory_budget_gb: float = 0.0
+    """Per actor process; 0: its share of 75 % of the host's device."""
+
+    @property
+    def name(self) -> str:
+        return self.ssh
+
+    @property
+    def folder(self) -> str:
+        return self.workdir or f"~/artmlx-up/{self.ssh}"
+
+    @property
+    def address(self) -> str:
+        """The learner's ZeroMQ address (learner hosts)."""
+        ip = self.bind_ip or self.ips[0]
+        return f"tcp://[{ip}]:{self.port}" if ":" in ip else f"tcp://{ip}:{self.port}"
+
+    @property
+    def key_name(self) -> str:
+        """Its actors' CURVE key pair name."""
+        return "host-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.ssh)
+
+    def environment(self) -> dict[str, str]:
+        env = {str(k): str(v) for k, v in self.env.items()}
+        if self.model_cache:
+            env.setdefault("HF_HOME", self.model_cache)
+        return env
+
+
+@dataclass(frozen=True)
+class Fleet:
+    learner: Host
+    actors: tuple[Host, ...]
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        return (self.learner, *self.actors)
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.ssh == name:
+                return host
+        raise ValueError(f"no host {name!r} in the hosts file (hosts: {', '.join(h.ssh for h in self.hosts)})")
+
+
+def parse_hosts(entries, source: str = "hosts file") -> Fleet:
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: expected a JSON list of hosts like "
+                         '[{"ssh": "host", "ips": ["192.168.1.10"], "artmlx": {"role": "learner"}}]')
+    hosts, seen = [], set()
+    for index, entry in enumerate(entries):
+        where = f"{source}, host {index + 1}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected an object with 'ssh' and 'ips'")
+        ssh = entry.get("ssh")
+        if not isinstance(ssh, str) or not NAME.match(ssh):
+            raise ValueError(f"{where}: 'ssh' must be a host name or alias (letters, digits, . _ - @), got {ssh!r}")
+        where = f"{source}, host {ssh!r}"
+        if ssh in seen:
+            raise ValueError(f"{where}: listed twice")
+        seen.add(ssh)
+        ips = entry.get("ips")
+        if not isinstance(ips, list) or not ips or not all(isinstance(ip, str) and ip for ip in ips):
+            raise ValueError(f"{where}: 'ips' must be a non-empty list of addresses")
+        block = entry.get("artmlx", {})
+        if not isinstance(block, dict):
+            raise ValueError(f"{where}: 'artmlx' must be an object")
+        unknown = set(block) - BLOCK_FIELDS
+        if unknown:
+            raise ValueError(f"{where}: unknown artmlx field(s) {sorted(unknown)}; known: {sorted(BLOCK_FIELDS)}")
+        hosts.append(_host(ssh, tuple(ips), block, where))
+    learners = [h for h in hosts if h.role == "learner"]
+    if len(learners) != 1:
+        raise ValueError(f"{source}: exactly one host needs \"artmlx\": {{\"role\": \"learner\"}}, found {len(learners)}")
+    actors = tuple(h for h in hosts if h.role == "actor")
+    if not actors:
+        raise ValueError(f"{source}: no actor host (every host but the learner's is one by default)")
+    return Fleet(learners[0], actors)
+
+
+def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
+    role = block.get("role", "actor")
+    if role not in ROLES:
+        raise ValueError(f"{where}: role must be one of {ROLES}, got {role!r}")
+    actors = block.get("actors", 1)
+    if not isinstance(actors, int) or isinstance(actors, bool) or not 0 <= actors <= 64:
+        raise ValueError(f"{where}: 'actors' must be a whole number from 0 to 64, got {actors!r}")
+    for name in ("python", "workdir", "model_cache", "bind_ip"):
+        if not isinstance(block.get(name, ""), str) or "\n" in block.get(name, ""):
+            raise ValueError(f"{where}: {name!r} must be a one-line string")
+    env = block.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and ENV_NAME.match(k) for k in env):
+        raise ValueError(f"{where}: 'env' must map variable names to values")
+    if not all(isinstance(v, (str, int, float)) and "\n" not in str(v) for v in env.values()):
+        raise ValueError(f"{where}: 'env' values must be one-line strings or numbers")
+    port = block.get("port", DEFAULT_PORT)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"{where}: 'port' must be 1..65535, got {port!r}")
+    bind_ip = block.get("bind_ip", "")
+    if bind_ip and bind_ip not in ips:
+        raise ValueError(f"{where}: bind_ip {bind_ip!r} is not one of its ips {list(ips)}")
+    budget = block.get("memory_budget_gb", 0.0)
+    if not isinstance(budget, (int, float)) or budget < 0:
+        raise ValueError(f"{where}: 'memory_budget_gb' must be a number >= 0")
+    return Host(ssh=ssh, ips=ips, role=role, actors=actors, python=block.get("python") or "python3",
+                workdir=block.get("workdir", ""), model_cache=block.get("model_cache", ""), env=dict(env),
+                port=port, bind_ip=bind_ip, memory_budget_gb=float(budget))
+
+
+def load_hosts(path: str | Path) -> Fleet:
+    path = Path(path)
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"hosts file {path} not found") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    return parse_hosts(entries, str(path))
