@@ -94,6 +94,8 @@ class TrainConfig:
 
     max_staleness: int = 2
     """Pipeline: a group sampled more than this many policy versions ago is dropped (counted), not trained."""
+    actor_timeout_s: float = 60.0
+    """Pipeline: an actor silent this long (of the learner's listening time) is dropped and its window returns to the others; it rejoins by itself when heard again."""
     max_in_flight: int = 0
     """Pipeline: groups an actor may have sent but not had acknowledged (its window); 0 means its share of one update plus one of its batches, ceil(groups_per_step / live actors) + its groups per batch, re-sized as actors come and go, and grown while the learner waits for groups that do not come."""
     actor_groups_per_batch: int = 0
@@ -147,7 +149,7 @@ CHOICES = {
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
 }
-POSITIVE = ("steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
+POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",

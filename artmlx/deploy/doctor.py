@@ -37,8 +37,8 @@ class Finding:
 def _facts_command(host: Host, fleet: Fleet, model: str, settings: list[str]) -> str:
     learner = fleet.learner
     role = "learner" if host is learner else "actor"
-    ip = learner.bind_ip or learner.ips[0]
-    connect = "" if host is learner else f" --connect {shlex.quote(f'{ip}:{learner.port}')}"
+    target = host.learner_address.removeprefix("tcp://") or f"{learner.bind_ip or learner.ips[0]}:{learner.port}"
+    connect = "" if host is learner else f" --connect {shlex.quote(target)}"
     sets = "".join(f" --set {shlex.quote(item)}" for item in settings)
     return (f"{shlex.quote(host.python)} -m artmlx.deploy.probe facts --model {shlex.quote(model)}{sets} "
             f"--keys keys --role {role} --key-name {host.key_name}{connect}")
@@ -163,7 +163,8 @@ def _judge_model(host: Host, fleet: Fleet, facts: dict, reference: dict | None, 
 
 
 def _judge_connect(host: Host, fleet: Fleet, connect: dict) -> Finding:
-    target = f"{fleet.learner.bind_ip or fleet.learner.ips[0]}:{fleet.learner.port}"
+    target = (host.learner_address.removeprefix("tcp://")
+              or f"{fleet.learner.bind_ip or fleet.learner.ips[0]}:{fleet.learner.port}")
     if connect.get("ok"):
         return Finding(host.ssh, "connect", True, f"reached the learner's {target} in {connect['ms']} ms")
     detail = f"cannot reach {target}: {connect.get('error')}"

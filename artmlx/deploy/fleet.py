@@ -39,7 +39,8 @@ def learner_command(fleet: Fleet, train_args: list[str]) -> str:
 
 def actor_command(fleet: Fleet, host: Host, index: int) -> str:
     budget = f" --memory-budget-gb {host.memory_budget_gb}" if host.memory_budget_gb else ""
-    return (f"{shlex.quote(host.python)} -m artmlx actor --connect {shlex.quote(fleet.learner.address)} --keys keys "
+    learner = host.learner_address or fleet.learner.address
+    return (f"{shlex.quote(host.python)} -m artmlx actor --connect {shlex.quote(learner)} --keys keys "
             f"--actor-key {host.key_name} --name {shlex.quote(f'{host.ssh}-{index}')} "
             f"--host-label {shlex.quote(host.ssh)}{budget}")
 

@@ -20,7 +20,8 @@ ROLES = ("learner", "actor")
 DEFAULT_PORT = 5555
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-BLOCK_FIELDS = {"role", "actors", "python", "workdir", "model_cache", "env", "port", "bind_ip", "memory_budget_gb"}
+BLOCK_FIELDS = {"role", "actors", "python", "workdir", "model_cache", "env", "port", "bind_ip", "memory_budget_gb",
+                "learner_address"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Host:
     """The learner's address to bind, when not the first of `ips`."""
     memory_budget_gb: float = 0.0
     """Per actor process; 0: its share of 75 % of the host's device."""
+    learner_address: str = ""
+    """How this actor host reaches the learner when not at the learner's own address (a port
+    forward, a tunnel, a relay): tcp://HOST:PORT."""
 
     @property
     def name(self) -> str:
@@ -149,12 +153,15 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
     bind_ip = block.get("bind_ip", "")
     if bind_ip and bind_ip not in ips:
         raise ValueError(f"{where}: bind_ip {bind_ip!r} is not one of its ips {list(ips)}")
+    learner_address = block.get("learner_address", "")
+    if learner_address and not re.match(r"^tcp://[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$", str(learner_address)):
+        raise ValueError(f"{where}: 'learner_address' must look like tcp://HOST:PORT, got {learner_address!r}")
     budget = block.get("memory_budget_gb", 0.0)
     if not isinstance(budget, (int, float)) or budget < 0:
         raise ValueError(f"{where}: 'memory_budget_gb' must be a number >= 0")
     return Host(ssh=ssh, ips=ips, role=role, actors=actors, python=block.get("python") or "python3",
                 workdir=block.get("workdir", ""), model_cache=block.get("model_cache", ""), env=dict(env),
-                port=port, bind_ip=bind_ip, memory_budget_gb=float(budget))
+                port=port, bind_ip=bind_ip, memory_budget_gb=float(budget), learner_address=learner_address)
 
 
 def load_hosts(path: str | Path) -> Fleet:

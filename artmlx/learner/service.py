@@ -69,7 +69,8 @@ class LearnerService:
         socket = LearnerSocket(bind, keys=keys, insecure=insecure, max_message_bytes=inbound_message_limit(limits))
         self.hub = LearnerHub(socket, dataclasses.asdict(config),
                               self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed,
-                              share=config.share_of_update, limits=limits, groups_per_update=config.groups_per_step)
+                              share=config.share_of_update, limits=limits, groups_per_update=config.groups_per_step,
+                              actor_timeout_s=config.actor_timeout_s)
         self.hub.policy_version = self.trainer.policy_version
         self.eval_engine = EpisodeRollouts(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
                                            SamplingParams.from_config(config), self.plan)

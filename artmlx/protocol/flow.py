@@ -11,6 +11,11 @@ Windows (groups an actor may have sent and not had acknowledged):
 - enforcement: an actor may have at most the largest window it was told in the last
   `WINDOW_GRACE_S` waiting (a window it was told may shrink before it hears the new one).
 
+Mixed fleets: once every actor that loaded the model has delivered `RATE_MIN_GROUPS` groups in the
+last `RATE_WINDOW_S`, each actor's share of an update (and so its window) is in proportion to the groups
+per second the hub measured from it (not what it says of itself): an M1 next to an M4 Max holds fewer
+groups in flight, so its groups are not older than the others'. Until then shares are equal.
+
 Status requests: at most `STATUS_PER_S` answered a second in all and one per `STATUS_INTERVAL_S`
 per client; the rest are dropped (the caller counts them).
 """
@@ -21,11 +26,36 @@ import collections
 import time
 from collections.abc import Callable
 
-WINDOW_GRACE_S = 10.0
-TOLD_KEPT = 16
+WINDOW_GRACE_S = 60.0  # longer than a batch takes: an actor submits a batch under the window it started with
+TOLD_KEPT = 64  # one a heartbeat: covers WINDOW_GRACE_S
 STATUS_PER_S = 20
 STATUS_INTERVAL_S = 0.2
 STATUS_CLIENTS_KEPT = 1024
+RATE_WINDOW_S = 120.0
+RATE_MIN_GROUPS = 4
+
+
+def record_arrival(arrivals: collections.deque, now: float) -> None:
+    """Remember that an actor's group arrived at `now` (monotonic seconds)."""
+    arrivals.append(now)
+    while arrivals and now - arrivals[0] > RATE_WINDOW_S:
+        arrivals.popleft()
+
+
+def group_rate(arrivals: collections.deque, now: float) -> float | None:
+    """Groups per second an actor delivered lately; None until it has delivered enough to tell."""
+    recent = [t for t in arrivals if now - t <= RATE_WINDOW_S]
+    if len(recent) < RATE_MIN_GROUPS:
+        return None
+    return len(recent) / max(now - recent[0], 1.0)
+
+
+def counted_as(rates: list[float | None], mine: float | None) -> float:
+    """How many actors' worth an update is divided by for one actor's share: the sum of every producer's
+    rate over its own when all are measured (a faster actor gets a larger share), else their number."""
+    if mine is None or not rates or any(rate is None for rate in rates):
+        return max(1, len(rates))
+    return max(1.0, sum(rates) / mine)
 
 
 class Windows:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
-from .flow import RequestRate, Windows
+from .flow import RequestRate, Windows, counted_as, group_rate, record_arrival
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket, Undelivered
@@ -74,6 +74,8 @@ class ActorInfo:
     heard: float = 0.0  # the hub's listening clock when this actor was last heard
     loaded: bool = False  # said hello with the run's fingerprint: it has the model and may get adapters
     told: list = field(default_factory=list)  # (time, window) told recently, for enforcing the window
+    arrivals: collections.deque = field(default_factory=collections.deque)  # when its groups came (flow.group_rate)
+    trained: int = 0
 
 
 class LearnerHub:
@@ -176,7 +178,7 @@ class LearnerHub:
             info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
             admission = {"window": self.windows.tell(info, self.window(info))}
             if self.share is not None:
-                admission["share"] = max(1, int(self.share(self.producers())))
+                admission["share"] = max(1, int(self.share(self.counted_as(info))))
             self.socket.send(identity, Heartbeat(sender="learner", session=self.session,
                                                  policy_version=self.policy_version, stats=admission))
             if info.loaded and info.adapter_sent < self.policy_version:
@@ -255,6 +257,7 @@ class LearnerHub:
             return None
         self.waiting[group.group_id] = info.identity
         info.in_flight += 1
+        record_arrival(info.arrivals, time.monotonic())
         self.windows.last_progress = self._listening_clock()
         return info, group
 
@@ -269,11 +272,22 @@ class LearnerHub:
         info = self.actors.get(identity)
         if info is not None:
             info.in_flight = max(0, info.in_flight - 1)
+            info.trained += status == "trained"
+        elif identity in self.departed:  # lost: its last report still holds this group as unacknowledged
+            stats = self.departed[identity]
+            stats["groups_unacked"] = max(0, int(stats.get("groups_unacked", 0)) - 1)
         self.socket.send(identity, Ack(group_id, status, reason))
 
     def window(self, info: ActorInfo | None = None) -> int:
         """An actor's flow-control window now (`flow.Windows`); the plain rule's without an actor."""
-        return self.windows.size(self.producers(), len(self.waiting), self._listening_clock(), info)
+        producers = self.counted_as(info) if info is not None else self.producers()
+        return self.windows.size(producers, len(self.waiting), self._listening_clock(), info)
+
+    def counted_as(self, info: ActorInfo) -> float:
+        """The producers this actor's share divides an update by: weighted by measured rates (`flow.counted_as`)."""
+        now = time.monotonic()
+        return counted_as([group_rate(a.arrivals, now) for a in self.actors.values() if a.loaded],
+                          group_rate(info.arrivals, now))
 
     def producers(self) -> int:
         """Actors that loaded the model (the ones that can produce groups), at least 1."""
@@ -299,7 +313,8 @@ class LearnerHub:
         now = time.monotonic()
         actors = [{"name": a.name, "host": a.host, "policy_version": a.policy_version, "in_flight": a.in_flight,
                    "seen_s_ago": round(now - a.last_seen, 1), "connected_s": round(now - a.joined, 1),
-                   "loaded": a.loaded, "window": self.windows.allowance(a, 0), "stats": a.stats}
+                   "loaded": a.loaded, "window": self.windows.allowance(a, 0), "trained": a.trained,
+                   "groups_per_s": group_rate(a.arrivals, now), "stats": a.stats}
                   for a in self.actors.values()]
         return {"session": self.session, "policy_version": self.policy_version, "fingerprint": self.fingerprint,
                 "window": self.window(), "waiting": len(self.waiting), "rejected_messages": self.socket.rejections.total,
