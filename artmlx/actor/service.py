@@ -97,6 +97,7 @@ class ActorService:
                                  "device": device_description()}
             self.client.pump(0)
         reason = self.client.shutdown_reason or "stopped by signal"
+        self.client.leave()
         self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
         self.client.socket.close()
         return reason

@@ -49,7 +49,8 @@ def _listen_command(fleet: Fleet, seconds: float) -> str:
     ip = learner.bind_ip or learner.ips[0]
     return (f"rm -f probe-listen.log; nohup {shlex.quote(learner.python)} -m artmlx.deploy.probe listen "
             f"{shlex.quote(ip)} {learner.port} --seconds {seconds:.0f} > probe-listen.log 2>&1 < /dev/null & "
-            "echo $! > probe-listen.pid; for i in $(seq 40); do grep -q listening probe-listen.log 2>/dev/null && break; sleep 0.25; done; "
+            "echo $! > probe-listen.pid; "
+            "for i in $(seq 40); do grep -q listening probe-listen.log 2>/dev/null && break; sleep 0.25; done; "
             "cat probe-listen.log")
 
 
@@ -78,7 +79,8 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
         try:
             facts[host.ssh] = json.loads(done.stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError):
-            findings.append(Finding(host.ssh, "artmlx", False, last_line(done.stderr) or f"exit status {done.returncode}",
+            why = last_line(done.stderr) or f"exit status {done.returncode}"
+            findings.append(Finding(host.ssh, "artmlx", False, why,
                                     f"install artmlx for {host.python} on {host.ssh} (pip install artmlx in its venv), "
                                     "or point artmlx.python in the hosts file at the Python that has it"))
     if learner.ssh in reachable:  # free the port for the learner
@@ -100,13 +102,15 @@ def _listen(fleet: Fleet, remote: Remote, seconds: float) -> list[Finding]:
     except json.JSONDecodeError:
         answer = {}
     if answer.get("listening"):
-        return [Finding(learner.ssh, "port", True, f"{learner.address} is free; held open {seconds:.0f} s for the test")]
+        return [Finding(learner.ssh, "port", True,
+                        f"{learner.address} is free; held open {seconds:.0f} s for the test")]
     if answer.get("errno") == errno.EADDRINUSE:
         return [Finding(learner.ssh, "port", None, f"{learner.address} is in use (a running learner?): actors test "
                         "against it", "if no learner runs there: find the process with `lsof -i :"
                         f"{learner.port}` and stop it, or set artmlx.port")]
     return [Finding(learner.ssh, "port", False, answer.get("error") or last_line(done.stderr) or "cannot listen",
-                    f"check that {learner.bind_ip or learner.ips[0]} is an address of {learner.ssh} (`ips` in the hosts file)")]
+                    f"check that {learner.bind_ip or learner.ips[0]} is an address of {learner.ssh} "
+                    "(`ips` in the hosts file)")]
 
 
 def _judge(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model: str) -> list[Finding]:

@@ -125,7 +125,8 @@ def parse_hosts(entries, source: str = "hosts file") -> Fleet:
         hosts.append(_host(ssh, tuple(ips), block, where))
     learners = [h for h in hosts if h.role == "learner"]
     if len(learners) != 1:
-        raise ValueError(f"{source}: exactly one host needs \"artmlx\": {{\"role\": \"learner\"}}, found {len(learners)}")
+        raise ValueError(f"{source}: exactly one host needs \"artmlx\": {{\"role\": \"learner\"}}, "
+                         f"found {len(learners)}")
     actors = tuple(h for h in hosts if h.role == "actor")
     if not actors:
         raise ValueError(f"{source}: no actor host (every host but the learner's is one by default)")

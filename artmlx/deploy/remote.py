@@ -48,7 +48,8 @@ class Remote:
             raise ValueError(f"the remote prefix {self.template!r} needs a {{command}} word (and usually {{ssh}})")
 
     def argv(self, host: Host, command: str) -> list[str]:
-        return [command if word == "{command}" else word.replace("{ssh}", host.ssh) for word in shlex.split(self.template)]
+        words = shlex.split(self.template)
+        return [command if word == "{command}" else word.replace("{ssh}", host.ssh) for word in words]
 
     def run(self, host: Host, command: str, input: str | None = None, timeout_s: float | None = None,
             ) -> subprocess.CompletedProcess:
@@ -58,7 +59,8 @@ class Remote:
             return subprocess.CompletedProcess(argv, 0, "", "")
         try:
             return subprocess.run(argv, input=input, capture_output=True, text=True,
-                                  timeout=timeout_s or self.timeout_s, stdin=None if input is not None else subprocess.DEVNULL)
+                                  timeout=timeout_s or self.timeout_s,
+                                  stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout_s or self.timeout_s:.0f} s")
         except FileNotFoundError as error:

@@ -6,7 +6,12 @@ heartbeats) are unacknowledged at once; `submit()` waits for a free slot, so a s
 actors down. Heartbeats go out every
 `heartbeat_s`; the learner answers with its session id. A different session id means the learner
 restarted: the actor says hello again and resends every unacknowledged group (the learner drops
-the ones it had already consumed). Adapter updates are conflated: only the newest is kept.
+the ones it had already consumed). A group unacknowledged for `RESEND_AFTER_S` is sent again (a
+message or its ack may have died with a connection: a cut link, a reset); the learner answers a
+copy of a consumed group with `duplicate` and ignores a copy of one it holds. On shutdown the actor
+resends what is unacknowledged once and waits up to `LEAVE_WAIT_S` for the answers before it says
+it is leaving, so acks lost on the way do not remain in its count. Adapter updates are conflated:
+only the newest is kept.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from .sockets import ActorSocket
 
 
 MAX_WINDOW = 1 << 16  # a window the learner could sensibly ask for; anything else is ignored
+RESEND_AFTER_S = 30.0
+LEAVE_WAIT_S = 2.0
 
 
 class ActorRefused(RuntimeError):
@@ -51,6 +58,9 @@ class ActorClient:
         self.acks = collections.Counter()
         self.sent = 0
         self.resent = 0
+        self.sent_at: dict[str, float] = {}  # group id -> when it was last sent
+        self.leave_by: float | None = None  # shutting down: say "leaving" when all is acked, or by then
+        self.left = False
         self._last_heartbeat = 0.0
 
     @property
@@ -91,6 +101,7 @@ class ActorClient:
             return  # the learner is closing: a group sent now would go unanswered and break the ledger
         frames = encode(group)
         self.outbox[group.group_id] = frames
+        self.sent_at[group.group_id] = time.monotonic()
         self.sent += 1
         if not self.socket.send(None, frames=frames):
             self.unsent.add(group.group_id)
@@ -104,10 +115,21 @@ class ActorClient:
         for group_id in list(self.unsent):
             if self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.discard(group_id)
+        overdue = [g for g in self.outbox if now - self.sent_at.get(g, now) > RESEND_AFTER_S]
+        if overdue and self.shutdown_reason is None:
+            self._resend(overdue)
         message = self.socket.receive(timeout_ms)
         while message is not None:
             self._handle(message, answer_session)
             message = self.socket.receive(0)
+        if self.leave_by is not None and not self.left and (not self.outbox or time.monotonic() >= self.leave_by):
+            self.left = True
+            self._heartbeat(leaving=True)
+
+    def leave(self) -> None:
+        """Once the learner said shutdown: wait (at most `LEAVE_WAIT_S`) until it was told we leave."""
+        while self.leave_by is not None and not self.left:
+            self.pump(50)
 
     def _handle(self, message, answer_session: bool) -> None:
         if isinstance(message, Welcome):
@@ -121,6 +143,7 @@ class ActorClient:
             if self.outbox.pop(message.group_id, None) is not None:
                 self.acks[message.status] += 1
                 self.unsent.discard(message.group_id)
+                self.sent_at.pop(message.group_id, None)
         elif isinstance(message, AdapterUpdate):
             if self.adapter is None or message.policy_version >= self.adapter.policy_version:
                 self.adapter = message
@@ -139,8 +162,12 @@ class ActorClient:
                 if self.session == previous:
                     self._resend_all()
         elif isinstance(message, Shutdown):
-            self.shutdown_reason = message.reason or "learner shut down"
-            self._heartbeat(leaving=True)
+            if self.leave_by is None:  # the first: reconcile what is unacknowledged, then leave (pump)
+                self.shutdown_reason = message.reason or "learner shut down"
+                self.leave_by = time.monotonic() + LEAVE_WAIT_S
+                self._resend_all()
+            elif self.left:  # the learner did not hear us leave: say it again
+                self._heartbeat(leaving=True)
 
     def _heartbeat(self, **extra) -> None:
         self.socket.send(Heartbeat(sender=self.name, session=self.session or "", policy_version=self.policy_version,
@@ -148,12 +175,17 @@ class ActorClient:
 
     def ledger(self) -> dict:
         """This actor's side of the run's group ledger (see LearnerHub.ledger)."""
-        return {"groups_sent": self.sent + self.resent, "groups_resent": self.resent, "groups_unacked": len(self.outbox)}
+        return {"groups_sent": self.sent, "groups_resent": self.resent, "groups_unacked": len(self.outbox)}
 
     def _resend_all(self) -> None:
-        for group_id, frames in self.outbox.items():
+        self._resend(list(self.outbox))
+
+    def _resend(self, group_ids: list[str]) -> None:
+        now = time.monotonic()
+        for group_id in group_ids:
             self.resent += 1
-            if not self.socket.send(None, frames=frames):
+            self.sent_at[group_id] = now
+            if not self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.add(group_id)
 
     def take_adapter(self) -> AdapterUpdate | None:

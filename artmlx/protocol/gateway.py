@@ -207,7 +207,8 @@ class Gateway:
             elif kind == b"keep":
                 self.adapter = frames[1:]
             elif kind == b"reload-keys" and self.authenticator is not None:
-                self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=str(Path(self.settings.keys) / "allowed"))
+                allowed = str(Path(self.settings.keys) / "allowed")
+                self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=allowed)
             elif kind == b"stop":
                 return False
         return True

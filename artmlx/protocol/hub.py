@@ -168,9 +168,15 @@ class LearnerHub:
             return None
         self._heard(info)
         if self.closing is not None:
-            # Shutting down: an actor that says it is leaving is let go; anyone else hears it again.
+            # Shutting down: an actor that says it is leaving is let go; a copy of a group already
+            # consumed is acknowledged (its ack was lost), so the actor's count is settled before it leaves.
             if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
                 self._depart(identity, typed_stats(message.stats))
+            elif isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
+                self.counts["duplicate"] += 1
+                self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
+            elif isinstance(message, TrajectoryGroup) and message.group_id in self.waiting:
+                self.counts["duplicate"] += 1
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
             return None
@@ -323,16 +329,18 @@ class LearnerHub:
     def ledger(self) -> dict:
         """Where every group the actors sent ended up.
 
-        sent (resends included) = trained + stale + rejected + duplicate + in_flight, where in_flight is
-        what the actors still held unacknowledged. Actor numbers come from their last heartbeat (exact
-        for actors that left on shutdown, up to a heartbeat old for ones that were killed), so
-        `unaccounted` is 0 in a clean run and otherwise counts groups lost with a killed process.
+        sent (distinct groups; resends are counted apart) = trained + stale + rejected + in_flight, where
+        in_flight is what the actors still held unacknowledged; each group settles once (later copies
+        are duplicates). Actor numbers come from their last heartbeat (exact for actors that left on
+        shutdown, which first reconcile lost acks; up to a heartbeat old for ones that were killed), so
+        `unaccounted` is 0 in a clean run, on lossy links too, and otherwise counts groups lost with a
+        killed process.
         Counts restart with a learner process, so after `--resume` the ledger covers this process only.
         """
         reports = [self.departed_totals, *self._reports()]
         sent = sum(int(r.get("groups_sent", 0)) for r in reports)
         in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
-        settled = sum(self.counts[k] for k in ("trained", "stale", "rejected", "duplicate"))
+        settled = sum(self.counts[k] for k in ("trained", "stale", "rejected"))
         return {"groups_sent": sent, "groups_resent": sum(int(r.get("groups_resent", 0)) for r in reports),
                 "groups_in_flight": in_flight, "groups_unaccounted": sent - settled - in_flight}
 

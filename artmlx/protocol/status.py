@@ -53,4 +53,12 @@ def format_status(state: dict) -> str:
         lines.append(f"  {actor['name']:<20} {actor['host']:<16} v{actor['policy_version']:<5} "
                      f"in flight {actor['in_flight']:<3} seen {actor['seen_s_ago']}s ago"
                      + (f"  {rate:.0f} gen tok/s" if rate else ""))
+    hosts: dict[str, list] = {}
+    for actor in state["actors"]:
+        hosts.setdefault(actor["host"], []).append(actor)
+    if len(hosts) > 1:
+        lines.append("per host: " + "; ".join(
+            f"{host} {len(actors)} actor(s) "
+            f"{sum(a['stats'].get('gen_tokens_per_s') or 0 for a in actors):,.0f} gen tok/s"
+            for host, actors in sorted(hosts.items())))
     return "\n".join(lines)

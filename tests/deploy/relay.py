@@ -13,7 +13,7 @@ import time
 
 DELAY_S = 0.03
 BYTES_PER_S = 4e6
-RESET_AFTER_BYTES = (1 << 20, 6 << 20)  # a connection is reset after a random amount in this range
+RESET_AFTER_BYTES = (256 << 10, 1 << 20)  # a connection is reset after a random amount in this range
 
 
 def reset(sock: socket.socket) -> None:

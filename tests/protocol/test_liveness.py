@@ -99,3 +99,23 @@ def test_status_lists_connected_actors_by_name():
     silent = subprocess.run([sys.executable, "-m", "artmlx", "status", f"tcp://127.0.0.1:{free_port()}"],
                             capture_output=True, text=True, timeout=60)
     assert silent.returncode != 0 and "no answer" in silent.stderr
+
+
+def test_status_sums_generation_per_host():
+    from artmlx.protocol.status import format_status, query_status
+
+    hub = HubThread()
+    clients = []
+    for name, host, rate in (("m1-0", "m1", 100.0), ("m4-0", "m4", 300.0), ("m4-1", "m4", 250.0)):
+        client = ActorClient(ActorSocket(hub.address), name, heartbeat_s=0.1)
+        client.host = host
+        client.hello("fp")
+        client.stats = {"gen_tokens_per_s": rate}
+        clients.append(client)
+    assert wait_for(lambda: all(a["stats"].get("gen_tokens_per_s") for a in query_status(hub.address)["actors"]),
+                    *clients)
+    text = format_status(query_status(hub.address))
+    assert "per host: m1 1 actor(s) 100 gen tok/s; m4 2 actor(s) 550 gen tok/s" in text, text
+    for client in clients:
+        client.socket.close()
+    hub.stop()
