@@ -81,12 +81,15 @@ def register(cli: click.Group) -> None:
     @click.option("--steps", type=int, help="Number of GRPO updates.")
     @click.option("--seed", type=int, help="Run seed.")
     @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Any config field; repeatable.")
-    def up(hosts, remote, keys_dir, dry_run, wait_s, model, env, steps, seed, settings):
+    @click.option("--follow", is_flag=True, help="Keep printing the per-host table until the learner stops.")
+    def up(hosts, remote, keys_dir, dry_run, wait_s, model, env, steps, seed, settings, follow):
         """Make and copy keys, start the learner and every actor of HOSTS, and show them per host."""
         from .fleet import FleetControl
 
         control = FleetControl(_fleet(hosts), _remote(remote, dry_run), Path(keys_dir))
         _report(control.up(_train_args(model, env, steps, seed, settings), wait_s=wait_s, say=click.echo))
+        if follow and not dry_run:
+            control.follow(say=click.echo)
 
     @cli.command()
     @hosts_argument

@@ -143,6 +143,19 @@ class FleetControl:
         return [HostResult(name.rsplit("-", 1)[0], False, f"actor {name} did not join within {wait_s:.0f} s "
                            "(artmlx logs HOSTS shows why)") for name in missing]
 
+    def follow(self, every_s: float = 15.0, say=print) -> None:
+        """Print the per-host table every `every_s` until the learner is gone."""
+        while True:
+            state = self.status()
+            if state is None:
+                if not self._run(self.fleet.learner, 'kill -0 "$(cat learner.pid)"').ok:
+                    tail = self._run(self.fleet.learner, "tail -n 3 learner.log").detail
+                    say(f"the learner on {self.fleet.learner.ssh} has stopped; its log ends:\n{tail}")
+                    return
+            else:
+                say(per_host_table(state, self.fleet))
+            time.sleep(every_s)
+
     def status(self) -> dict | None:
         """The learner's state, asked on the learner's host (so it works wherever this runs)."""
         host = self.fleet.learner

@@ -30,7 +30,7 @@ from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
 from ..protocol.admission import GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
-from ..protocol.hub import LearnerHub
+from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
 from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
@@ -178,8 +178,10 @@ class LearnerService:
         stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
         for message in batch:
             self.hub.consume(message.group_id, "trained", policy_version=message.policy_version)
-        # Ids sampled before the staleness bound need no remembering: a resend of one is dropped as stale.
-        self.hub.forget_consumed(self.trainer.policy_version - self.config.max_staleness)
+        # Ids are remembered for CONSUMED_KEPT_VERSIONS versions (bounded memory): a copy resent after a
+        # cut link is then a duplicate, not a second settlement; an older copy is dropped as stale.
+        kept = max(self.config.max_staleness, CONSUMED_KEPT_VERSIONS)
+        self.hub.forget_consumed(self.trainer.policy_version - kept)
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         return {
             "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),

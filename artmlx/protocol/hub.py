@@ -33,8 +33,8 @@ Hardening (an actor with a valid key may be buggy or hostile):
 - an actor gets the adapter only after a hello with the run's fingerprint (it loaded the model);
   at most `max_actors` are known at once (the oldest that never loaded the model makes room for a
   newcomer, so hello floods cannot lock actors out); departed actors' counts beyond `MAX_DEPARTED` are folded
-  into one total; consumed group ids older than the staleness bound are forgotten (a resend of one
-  is then dropped as stale by the learner instead of as a duplicate);
+  into one total; consumed group ids are forgotten after `CONSUMED_KEPT_VERSIONS` versions (a
+  resend of one is then dropped as stale instead of answered as a duplicate);
 - names and stats are typed and made printable before anything stores or shows them.
 """
 
@@ -56,6 +56,7 @@ from .sockets import LearnerSocket, Undelivered
 REJOIN = ""  # the session a learner answers an actor it does not know with
 POLL_MAX_MESSAGES = 512
 MAX_DEPARTED = 1024
+CONSUMED_KEPT_VERSIONS = 64  # about 64 updates' group ids: a resend after a long cut is still a duplicate
 LEDGER_KEYS = ("groups_sent", "groups_resent", "groups_unacked")
 
 

@@ -110,6 +110,9 @@ def test_a_fleet_trains_across_hosts_through_link_cuts_and_a_lossy_path(tmp_path
         finally:
             control.down(grace_s=30)
             relay.kill()
+        said = []
+        control.follow(every_s=0.1, say=said.append)  # returns once the learner is gone, and says so
+        assert len(said) == 1 and "has stopped" in said[0] and "final step" in said[0]
         final = learner_final_row(fleet)
         print(final)
         assert "stop_reason signal" in final and " actors_unconfirmed 0" in final
