@@ -266,6 +266,30 @@ def status(address, keys, actor_key, as_json):
     click.echo(json.dumps(state, indent=2) if as_json else format_status(state))
 
 
+@cli.command()
+@click.option("--model", default="tiny", show_default=True, help="Base model: tiny, a Hugging Face id or a folder.")
+@click.option("--adapters", type=click.Path(file_okay=False), help="Adapter folder (RUN_DIR/adapters).")
+@click.option("--name", default="", help="Model name clients ask for (default: --model).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--api-key", default="", envvar="ARTMLX_API_KEY", help="Required bearer key (env ARTMLX_API_KEY).")
+@click.option("--max-rows", type=int, default=32, show_default=True, help="Requests decoded together at most.")
+def serve(model, adapters, name, host, port, api_key, max_rows):
+    """OpenAI-compatible server (chat and completions, exact token ids and logprobs, continuous batching)."""
+    from .serve import run_server
+    from .serve.model_server import ModelServer, ServeConfig
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        _fail(ValueError(f"refusing to serve on {host} without --api-key (anyone on the network could use it)"))
+    try:
+        server = ModelServer(ServeConfig(model=model, adapters=adapters or "", name=name, max_rows=max_rows))
+    except (ValueError, FileNotFoundError) as error:
+        _fail(error)
+    click.echo(f"serving {server.model_names} on http://{host}:{port}/v1", err=True)
+    run_server(server, host, port, api_key)
+    server.close()
+
+
 @cli.group(name="model")
 def model_group() -> None:
     """Model folders: the embedded one, and random-weight benchmark models of real shapes."""

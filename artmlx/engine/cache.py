@@ -145,3 +145,58 @@ def make_ragged_cache(model, batch_size: int, block: int = 256) -> RaggedCache:
                 "artmlx rollouts support full-attention models only"
             )
     return RaggedCache(len(model.layers), batch_size, block)
+
+
+def _slots(layer: LayerKV, used: int) -> tuple[mx.array, mx.array]:
+    return layer.keys[..., :used, :], layer.values[..., :used, :]
+
+
+def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
+    """One cache with the rows of `first` then `second` (the shorter slot axis padded with holes).
+
+    How a continuously batched server adds requests between decode steps: the newcomers are prefilled
+    in a cache of their own and joined to the running one; their positions (offsets) are their own.
+    """
+    used = max(first.used, second.used)
+    joined = RaggedCache(len(first.layers), first.rows + second.rows, first.layers[0].block)
+    parts = []
+    for cache in (first, second):
+        pad = used - cache.used
+        valid = mx.concatenate([cache.state.valid[:, : cache.used], mx.zeros((cache.rows, pad), mx.bool_)], axis=1)
+        parts.append((cache, pad, valid))
+    for index, layer in enumerate(joined.layers):
+        keys, values = [], []
+        for cache, pad, _ in parts:
+            k, v = _slots(cache.layers[index], cache.used)
+            if pad:
+                k = mx.concatenate([k, mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype)], axis=2)
+                v = mx.concatenate([v, mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
+            keys.append(k)
+            values.append(v)
+        layer.keys, layer.values = mx.concatenate(keys, axis=0), mx.concatenate(values, axis=0)
+    joined.state.valid = mx.concatenate([valid for _, _, valid in parts], axis=0)
+    joined.state.offset = mx.concatenate([first.state.offset, second.state.offset])
+    joined.state.used = used
+    return joined
+
+
+def compact(cache: RaggedCache) -> None:
+    """Move every row's real slots to the front and drop the slots that are holes in every row.
+
+    Rows of a long-lived batch (a server) leave holes where others decoded after they joined; the
+    order of cached keys does not matter to attention (positions are in the keys already, through
+    RoPE), so gathering them keeps every row's attention exactly as it was."""
+    state = cache.state
+    if state.used == 0:
+        return
+    valid = state.valid[:, : state.used]
+    order = mx.argsort(mx.logical_not(valid).astype(mx.int32), axis=1)  # real slots first, in order
+    keep = int(valid.sum(axis=1).max().item())
+    order = order[:, :keep]
+    for layer in cache.layers:
+        k, v = _slots(layer, state.used)
+        index = order[:, None, :, None]
+        layer.keys = mx.take_along_axis(k, index, axis=2)
+        layer.values = mx.take_along_axis(v, index, axis=2)
+    state.valid = mx.take_along_axis(valid, order, axis=1)
+    state.used = keep
