@@ -1,0 +1,117 @@
+"""Continuous batching: requests join and leave between decode steps, each gets its own sequence."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from artmlx.engine.generate import Engine
+from artmlx.engine.scheduler import Request, Scheduler
+from tests.helpers import tiny_policy
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy(perturb=0.02)
+
+
+def reference_logprobs(model, request: Request, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each sampled token's logprob and the argmax, from one full forward of prompt + reply alone."""
+    full = request.prompt + request.tokens
+    logits = model(mx.array([full]))[0].astype(mx.float32)
+    steps = logits[len(request.prompt) - 1: len(full) - 1]
+    scaled = steps / (temperature or 1.0)
+    logprobs = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+    picked = mx.take_along_axis(logprobs, mx.array(request.tokens)[:, None], axis=-1)[:, 0]
+    return np.array(picked), np.array(mx.argmax(steps, axis=-1))
+
+
+def run(scheduler: Scheduler, arrivals: dict[int, list[Request]]) -> None:
+    step = 0
+    while scheduler.busy or any(k >= step for k in arrivals):
+        for request in arrivals.get(step, []):
+            scheduler.submit(request)
+        scheduler.step()
+        step += 1
+
+
+def test_requests_joining_midway_each_get_their_own_greedy_sequence(policy):
+    model, _ = policy
+    rng = np.random.default_rng(0)
+    prompt = lambda n: [int(t) for t in rng.integers(6, 100, size=n)]  # noqa: E731
+    arrivals = {0: [Request(prompt(5), 12, 0.0), Request(prompt(9), 4, 0.0), Request(prompt(2), 20, 0.0)],
+                3: [Request(prompt(7), 6, 0.0), Request(prompt(3), 30, 0.0)],
+                9: [Request(prompt(11), 8, 0.0)]}
+    scheduler = Scheduler(Engine(model), max_rows=4)  # the sixth waits for a free row
+    run(scheduler, arrivals)
+    for request in [r for rs in arrivals.values() for r in rs]:
+        assert request.done.is_set() and request.finish_reason == "length"
+        assert len(request.tokens) == request.max_tokens
+        logprobs, argmax = reference_logprobs(model, request, 0.0)
+        np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
+        assert request.tokens == argmax.tolist()
+
+
+def test_one_forward_per_decode_step_for_every_running_request(policy):
+    model, _ = policy
+    scheduler = Scheduler(Engine(model), max_rows=16)
+    requests = [scheduler.submit(Request([7 + i, 20, 30], 10, 1.0)) for i in range(8)]
+    while scheduler.busy:
+        scheduler.step()
+    assert scheduler.tokens_sampled == 80
+    assert scheduler.decode_forwards == 9  # the tenth token of each ends it: nothing left to feed
+    assert all(len(r.tokens) == 10 for r in requests)
+
+
+def test_sampled_logprobs_are_under_each_requests_temperature_and_stops_end_it(policy):
+    model, _ = policy
+    scheduler = Scheduler(Engine(model), max_rows=8, seed=3)
+    hot = [scheduler.submit(Request([11, 12, 13, i], 16, 0.7)) for i in range(4)]
+    cold = scheduler.submit(Request([11, 12, 13], 16, 0.0))
+    while scheduler.busy:
+        scheduler.step()
+    for request, temperature in [*((r, 0.7) for r in hot), (cold, 0.0)]:
+        logprobs, _ = reference_logprobs(model, request, temperature)
+        np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
+    # A stop token ends a request with finish_reason "stop", the stop token included.
+    first = hot[0].tokens[2]
+    stopped = scheduler.submit(Request(list(hot[0].prompt), 16, 0.7, stop_tokens=frozenset({first})))
+    scheduler.key = mx.random.key(3)  # not needed for the rule; the stop is whatever token comes
+    while scheduler.busy:
+        scheduler.step()
+    if first in stopped.tokens:
+        assert stopped.finish_reason == "stop" and stopped.tokens[-1] == first
+    else:
+        assert stopped.finish_reason == "length"
+
+
+def test_holes_left_by_a_long_prompt_are_compacted_without_changing_the_others(policy):
+    model, _ = policy
+    scheduler = Scheduler(Engine(model), max_rows=8)
+    survivor = scheduler.submit(Request([5, 6, 7], 60, 0.0))
+    for _ in range(3):
+        scheduler.step()
+    long = scheduler.submit(Request([int(t) for t in np.arange(200) % 90 + 6], 2, 0.0))
+    scheduler.step()
+    assert scheduler.cache.used >= 200  # the survivor's row now has ~190 holes
+    while not long.done.is_set():
+        scheduler.step()
+    scheduler.step()
+    assert scheduler.cache.used < 80  # compacted to the survivor's own length once the long one left
+    while scheduler.busy:
+        scheduler.step()
+    for request in (survivor, long):
+        logprobs, argmax = reference_logprobs(model, request, 0.0)
+        np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
+        assert request.tokens == argmax.tolist()
+
+
+def test_bad_requests_are_refused_at_submit(policy):
+    model, _ = policy
+    scheduler = Scheduler(Engine(model), max_prompt_tokens=16)
+    with pytest.raises(ValueError, match="empty prompt"):
+        scheduler.submit(Request([], 4))
+    with pytest.raises(ValueError, match="more than 16"):
+        scheduler.submit(Request(list(range(17)), 4))
+    with pytest.raises(ValueError, match="at least 1"):
+        scheduler.submit(Request([1], 0))
+    assert not scheduler.busy

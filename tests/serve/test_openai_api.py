@@ -1,0 +1,136 @@
+"""`artmlx serve` against the real `openai` client library, over real HTTP on loopback."""
+
+import json
+import threading
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+
+from artmlx.launch import free_port
+from artmlx.serve import run_server
+from artmlx.serve.model_server import ModelServer, ServeConfig
+
+KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = ModelServer(ServeConfig(model="tiny", max_rows=16, max_prompt_tokens=256, max_tokens=64))
+    port = free_port()
+    ready = threading.Event()
+    http = run_server(server, "127.0.0.1", port, KEY, ready=ready)
+    assert ready.wait(30) and http.started
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+    yield server, client, port
+    http.should_exit = True
+    http.thread.join(10)
+    server.close()
+
+
+def test_models_are_listed_as_name_and_name_at_step(served):
+    server, client, _ = served
+    assert [m.id for m in client.models.list().data] == ["tiny", "tiny@0"]
+
+
+def test_chat_completion_returns_the_exact_sampled_tokens_and_their_logprobs(served):
+    server, client, _ = served
+    messages = [{"role": "user", "content": "Play tic-tac-toe: your move?"}]
+    response = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.8,
+                                              logprobs=True, extra_body={"return_tokens_as_token_ids": True})
+    choice = response.choices[0]
+    token_ids = choice.model_extra["token_ids"]
+    entries = choice.logprobs.content
+    # The logprob entries name every sampled token as token_id:N (as ART's LocalBackend asks vLLM).
+    assert [int(e.token.removeprefix("token_id:")) for e in entries] == token_ids
+    assert response.model_extra["prompt_token_ids"] == server.prompt_ids(messages)
+    # The text is those tokens decoded (an end-of-turn token is not part of it).
+    reply = token_ids[:-1] if token_ids[-1] in server.chat.eos_token_ids else token_ids
+    assert choice.message.content == server.decode(reply)
+    assert choice.finish_reason in ("stop", "length") and response.usage.completion_tokens == len(token_ids)
+    # The recorded logprobs are the sampler's: the tempered distribution of the full sequence.
+    import mlx.core as mx
+
+    full = response.model_extra["prompt_token_ids"] + token_ids
+    logits = server.model(mx.array([full]))[0, len(full) - len(token_ids) - 1: -1].astype(mx.float32) / 0.8
+    expected = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    expected = np.array(mx.take_along_axis(expected, mx.array(token_ids)[:, None], axis=-1)[:, 0])
+    np.testing.assert_allclose([e.logprob for e in entries], expected, atol=2e-3)
+
+
+def test_streaming_gives_the_same_kind_of_answer_token_by_token(served):
+    server, client, _ = served
+    stream = client.chat.completions.create(model="tiny@0", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=10, stream=True, logprobs=True)
+    pieces, ids, finish = [], [], None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        pieces.append(choice.delta.content or "")
+        if choice.logprobs and choice.logprobs.content:
+            ids += [entry.model_extra["token_id"] for entry in choice.logprobs.content]
+        finish = choice.finish_reason or finish
+    reply = ids[:-1] if ids and ids[-1] in server.chat.eos_token_ids else ids
+    assert "".join(pieces) == server.decode(reply) and finish in ("stop", "length") and 1 <= len(ids) <= 10
+
+
+def test_concurrent_requests_share_decode_steps(served):
+    server, client, _ = served
+    before_forwards, before_tokens = server.scheduler.decode_forwards, server.scheduler.tokens_sampled
+    results = []
+
+    def ask(i):
+        results.append(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=16, temperature=1.0))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tokens = server.scheduler.tokens_sampled - before_tokens
+    forwards = server.scheduler.decode_forwards - before_forwards
+    assert len(results) == 12 and tokens == sum(r.usage.completion_tokens for r in results)
+    assert forwards < tokens / 2, (forwards, tokens)  # one at a time would take one forward per token
+
+
+def test_n_choices_and_stop_strings(served):
+    server, client, _ = served
+    response = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}],
+                                              max_tokens=8, n=3)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    first = response.choices[0].message.content
+    if len(first) >= 2:
+        stopped = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}],
+                                                 max_tokens=8, n=1, stop=[first[1]], temperature=0.0)
+        assert first[1] not in stopped.choices[0].message.content
+
+
+def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(served):
+    server, client, port = served
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="context too long"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=9)
+    with pytest.raises(openai.BadRequestError, match="tools are not supported"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+    bad_json = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=b"{not json",
+                                      headers={"Authorization": f"Bearer {KEY}"}, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(bad_json, timeout=30)
+    assert error.value.code == 400 and "not valid JSON" in json.loads(error.value.read())["error"]["message"]
+    ok = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "still there?"}],
+                                        max_tokens=4)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_completions_take_token_ids_and_return_them(served):
+    server, client, _ = served
+    response = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0.0)
+    assert response.model_extra["prompt_token_ids"] == [5, 6, 7, 8]
+    assert len(response.choices[0].model_extra["token_ids"]) <= 5
