@@ -1,0 +1,114 @@
+"""Chat throughput: `artmlx serve` with 32 concurrent requests vs one at a time, and vs `mlx_lm.server`.
+
+    python benchmarks/serve_throughput.py [--model tiny|FOLDER] [--requests 32] [--max-tokens 64] [--json FILE]
+
+A random-weight model of a real shape (`artmlx model synth qwen2.5-0.5b --out DIR`) almost never ends a
+reply, so every request runs to `max_tokens`: the workload is then the same for every server.
+
+The same requests (distinct user messages, temperature 1.0, `max_tokens`) go through the real
+`openai` client to each server on loopback; throughput is completion tokens per wall second (the
+servers may end replies at different lengths; tokens/s is comparable, request counts are not).
+Both serve the same base model; ours carries the run's (zero) LoRA adapters, as it does in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from artmlx.launch import free_port  # noqa: E402
+from artmlx.model.tiny import resolve_model  # noqa: E402
+from artmlx.serve import run_server  # noqa: E402
+from artmlx.serve.model_server import ModelServer, ServeConfig  # noqa: E402
+
+
+def ask_all(client: openai.OpenAI, model: str, count: int, max_tokens: int, concurrent: bool) -> dict:
+    results: list = [None] * count
+
+    def ask(i: int) -> None:
+        results[i] = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"Game {i}: where do you play X?"}],
+            max_tokens=max_tokens, temperature=1.0)
+
+    started = time.perf_counter()
+    if concurrent:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    else:
+        for i in range(count):
+            ask(i)
+    seconds = time.perf_counter() - started
+    tokens = sum(r.usage.completion_tokens for r in results)
+    return {"seconds": seconds, "completion_tokens": tokens, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--skip-mlx-lm-sequential", action="store_true", help="Only the concurrent mlx_lm run.")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "requests": args.requests,
+              "max_tokens": args.max_tokens}
+
+    server = ModelServer(ServeConfig(model=args.model, max_rows=args.requests, max_tokens=args.max_tokens))
+    port, ready = free_port(), threading.Event()
+    http = run_server(server, "127.0.0.1", port, "", ready=ready)
+    ready.wait(60)
+    ours = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=3600)
+    ask_all(ours, args.model, 2, 4, concurrent=False)  # warm-up
+    forwards = server.scheduler.decode_forwards
+    report["artmlx_concurrent"] = ask_all(ours, args.model, args.requests, args.max_tokens, concurrent=True)
+    report["artmlx_concurrent"]["decode_forwards"] = server.scheduler.decode_forwards - forwards
+    report["artmlx_sequential"] = ask_all(ours, args.model, args.requests, args.max_tokens, concurrent=False)
+    http.should_exit = True
+    http.thread.join(10)
+    server.close()
+
+    mlx_port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", resolve_model(args.model),
+                                "--port", str(mlx_port), "--max-tokens", str(args.max_tokens)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{mlx_port}/v1/models", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        theirs = openai.OpenAI(base_url=f"http://127.0.0.1:{mlx_port}/v1", api_key="-", timeout=3600)
+        name = resolve_model(args.model)
+        ask_all(theirs, name, 2, 4, concurrent=False)
+        report["mlx_lm_concurrent"] = ask_all(theirs, name, args.requests, args.max_tokens, concurrent=True)
+        if not args.skip_mlx_lm_sequential:
+            report["mlx_lm_sequential"] = ask_all(theirs, name, args.requests, args.max_tokens, concurrent=False)
+    finally:
+        process.terminate()
+        process.wait(30)
+    report["concurrent_vs_sequential"] = (report["artmlx_concurrent"]["tokens_per_s"]
+                                          / report["artmlx_sequential"]["tokens_per_s"])
+    report["artmlx_vs_mlx_lm_concurrent"] = (report["artmlx_concurrent"]["tokens_per_s"]
+                                             / report["mlx_lm_concurrent"]["tokens_per_s"])
+    print(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
