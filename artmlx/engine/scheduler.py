@@ -154,15 +154,16 @@ class Scheduler:
     def run_forever(self, stop: threading.Event) -> None:
         """The scheduler's thread: step while there is work, sleep until a request arrives. A step that
         raises fails the requests in the batch (each gets the error and is released), not the thread."""
-        while not stop.is_set():
-            if not self.busy:
-                self.wakeup.wait(0.1)
-                self.wakeup.clear()
-                continue
-            try:
-                self.step()
-            except Exception as error:  # the thread's edge: every waiting caller must hear of it
-                self.fail(f"{type(error).__name__}: {error}")
+        with mx.stream(mx.new_thread_local_stream(mx.default_device())):  # MLX streams belong to threads
+            while not stop.is_set():
+                if not self.busy:
+                    self.wakeup.wait(0.1)
+                    self.wakeup.clear()
+                    continue
+                try:
+                    self.step()
+                except Exception as error:  # the thread's edge: every waiting caller must hear of it
+                    self.fail(f"{type(error).__name__}: {error}")
 
     def fail(self, reason: str) -> None:
         """End every running request with `reason` (finish_reason "error") and start a fresh batch."""

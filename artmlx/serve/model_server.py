@@ -41,25 +41,42 @@ class ServeConfig:
 
 
 class ModelServer:
+    """Loads the model on the scheduler's own thread (on a GPU, MLX arrays belong to the thread whose
+    stream computed them) and serves requests from there; other threads only submit and wait."""
+
     def __init__(self, config: ServeConfig):
         self.config = config
-        if config.adapters:
-            self.model, self.tokenizer = load_policy_with_adapters(Path(config.adapters), config.model or None)
-        else:
-            from ..config import TrainConfig
-
-            self.model, self.tokenizer, _ = load_policy(config.model, LoraSpec.from_config(TrainConfig()))
-        self.model.eval()
-        mx.eval(self.model.parameters())  # MLX streams are per thread: nothing lazy may reach the scheduler's
-        self.chat = ChatFormat(self.tokenizer)
         self.name = config.name or config.model
         self.step = 0
-        self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
-                                   max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.scheduler.run_forever, args=(self._stop,), name="scheduler",
-                                        daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="scheduler", daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _serve(self) -> None:
+        config = self.config
+        try:
+            if config.adapters:
+                self.model, self.tokenizer = load_policy_with_adapters(Path(config.adapters), config.model or None)
+            else:
+                from ..config import TrainConfig
+
+                self.model, self.tokenizer, _ = load_policy(config.model, LoraSpec.from_config(TrainConfig()))
+            self.model.eval()
+            mx.eval(self.model.parameters())
+            self.chat = ChatFormat(self.tokenizer)
+            self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
+                                       max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
+        except BaseException as error:  # the thread's edge: the constructor re-raises it
+            self._error = error
+            return
+        finally:
+            self._ready.set()
+        self.scheduler.run_forever(self._stop)
 
     @property
     def model_names(self) -> list[str]:
