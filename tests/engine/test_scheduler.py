@@ -25,6 +25,13 @@ def reference_logprobs(model, request: Request, temperature: float) -> tuple[np.
     return np.array(picked), np.array(mx.argmax(steps, axis=-1))
 
 
+def assert_greedy_and_exact(model, request: Request) -> None:
+    """The request got the argmax at every step, with the logprobs of its sequence run alone."""
+    logprobs, argmax = reference_logprobs(model, request, 0.0)
+    np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
+    assert request.tokens == argmax.tolist()
+
+
 def run(scheduler: Scheduler, arrivals: dict[int, list[Request]]) -> None:
     step = 0
     while scheduler.busy or any(k >= step for k in arrivals):
@@ -46,9 +53,7 @@ def test_requests_joining_midway_each_get_their_own_greedy_sequence(policy):
     for request in [r for rs in arrivals.values() for r in rs]:
         assert request.done.is_set() and request.finish_reason == "length"
         assert len(request.tokens) == request.max_tokens
-        logprobs, argmax = reference_logprobs(model, request, 0.0)
-        np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
-        assert request.tokens == argmax.tolist()
+        assert_greedy_and_exact(model, request)
 
 
 def test_one_forward_per_decode_step_for_every_running_request(policy):
@@ -100,9 +105,7 @@ def test_holes_left_by_a_long_prompt_are_compacted_without_changing_the_others(p
     while scheduler.busy:
         scheduler.step()
     for request in (survivor, long):
-        logprobs, argmax = reference_logprobs(model, request, 0.0)
-        np.testing.assert_allclose(request.logprobs, logprobs, atol=2e-3)
-        assert request.tokens == argmax.tolist()
+        assert_greedy_and_exact(model, request)
 
 
 def test_bad_requests_are_refused_at_submit(policy):
