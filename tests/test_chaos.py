@@ -19,7 +19,7 @@ class Chaos(threading.Thread):
 
     def __init__(self, address):
         super().__init__(daemon=True)
-        self.address, self.stop, self.acked, self.rounds = address, threading.Event(), 0, 0
+        self.address, self.stop, self.acked, self.rounds, self.sent = address, threading.Event(), 0, 0, 0
 
     def join_run(self, socket, name):
         deadline = time.monotonic() + 120
@@ -47,7 +47,7 @@ class Chaos(threading.Thread):
             self.rounds += 1
             for group in poison(welcome.fingerprint, size, vocab=151_936).values():  # poison, and beyond any window
                 group.actor = "chaos"
-                main.send(None, frames=encode(group))
+                self.sent += main.send(None, frames=encode(group))
             main.send(Heartbeat(sender="chaos", session=welcome.session, stats={"groups_sent": "lots", "device": "[/]"}))
             for _ in range(200):  # a status flood
                 main.send(StatusRequest())
@@ -88,6 +88,7 @@ def test_training_goes_on_through_chaos(tmp_path):
     # The honest actors lost nothing to the chaos: none of their groups was rejected.
     for text in honest_outputs:
         assert "training finished" in text and "'rejected'" not in text, text
-    # Ledger: the honest actors' groups balance; the chaos client's acknowledged groups are the only
-    # ones the learner settled without an actor reporting them as sent.
-    assert final["groups_unaccounted"] == -chaos.acked, (final, chaos.acked)
+    # Ledger: the honest actors' groups balance; the chaos client's groups are the only
+    # ones the learner settled without an actor reporting them as sent: at least those whose acks the
+    # chaos client read, at most all it sent (acks of its last groups can die with the closing socket).
+    assert -chaos.sent <= final["groups_unaccounted"] <= -chaos.acked, (final, chaos.acked, chaos.sent)

@@ -8,9 +8,10 @@ actors down. Heartbeats go out every
 restarted: the actor says hello again and resends every unacknowledged group (the learner drops
 the ones it had already consumed). A group unacknowledged for `RESEND_AFTER_S` is sent again (a
 message or its ack may have died with a connection: a cut link, a reset); the learner answers a
-copy of a consumed group with `duplicate` and ignores a copy of one it holds. On shutdown the actor
-resends what is unacknowledged once and waits up to `LEAVE_WAIT_S` for the answers before it says
-it is leaving, so acks lost on the way do not remain in its count. Adapter updates are conflated:
+copy of a consumed group with `duplicate` and ignores a copy of one it holds. On shutdown (the
+learner first acknowledges every group it will not train) the actor resends what is still
+unacknowledged every `LEAVE_RESEND_S`, up to `LEAVE_WAIT_S`, before it says it is leaving, so acks
+lost on the way (a reset link) do not remain in its count. Adapter updates are conflated:
 only the newest is kept.
 """
 
@@ -28,7 +29,8 @@ from .sockets import ActorSocket
 
 MAX_WINDOW = 1 << 16  # a window the learner could sensibly ask for; anything else is ignored
 RESEND_AFTER_S = 30.0
-LEAVE_WAIT_S = 2.0
+LEAVE_WAIT_S = 10.0
+LEAVE_RESEND_S = 1.0
 
 
 class ActorRefused(RuntimeError):
@@ -122,9 +124,12 @@ class ActorClient:
         while message is not None:
             self._handle(message, answer_session)
             message = self.socket.receive(0)
-        if self.leave_by is not None and not self.left and (not self.outbox or time.monotonic() >= self.leave_by):
-            self.left = True
-            self._heartbeat(leaving=True)
+        if self.leave_by is not None and not self.left:
+            if not self.outbox or time.monotonic() >= self.leave_by:
+                self.left = True
+                self._heartbeat(leaving=True)
+            elif time.monotonic() - max(self.sent_at.values(), default=0.0) >= LEAVE_RESEND_S:
+                self._resend_all()
 
     def leave(self) -> None:
         """Once the learner said shutdown: wait (at most `LEAVE_WAIT_S`) until it was told we leave."""

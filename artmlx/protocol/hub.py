@@ -169,15 +169,17 @@ class LearnerHub:
             return None
         self._heard(info)
         if self.closing is not None:
-            # Shutting down: an actor that says it is leaving is let go; a copy of a group already
-            # consumed is acknowledged (its ack was lost), so the actor's count is settled before it leaves.
+            # Shutting down: an actor that says it is leaving is let go; every group is acknowledged (a
+            # copy of a consumed one as duplicate: its ack was lost), so actors leave holding nothing.
             if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
                 self._depart(identity, typed_stats(message.stats))
             elif isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
                 self.counts["duplicate"] += 1
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
-            elif isinstance(message, TrajectoryGroup) and message.group_id in self.waiting:
-                self.counts["duplicate"] += 1
+            elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
+                self.consumed[message.group_id] = message.policy_version
+                self.counts["stale"] += 1
+                self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
             return None
@@ -382,8 +384,11 @@ class LearnerHub:
         ZeroMQ drops what a peer has not read yet when the connection closes, so the learner keeps
         its socket open until actors confirm. An actor in the middle of a long batch reads the
         shutdown only when the batch ends, hence the generous drain; its final counts (the ledger's
-        sent groups) arrive with its confirmation.
+        sent groups) arrive with its confirmation. Groups still waiting will not be trained: they are
+        acknowledged as stale first, so actors leave holding only what is still on the wire.
         """
+        for group_id in list(self.waiting):
+            self.consume(group_id, "stale", "the run ended before it was trained")
         self.closing = reason
         for info in self.actors.values():
             self.socket.send(info.identity, Shutdown(reason=reason))
