@@ -17,9 +17,8 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from .fleet import _in_workdir
 from .hosts import Fleet, Host
-from .remote import Remote, last_line
+from .remote import Remote, in_workdir, last_line
 
 COMPARED = ("artmlx", "mlx", "mlx-lm")
 PROCESS_OVERHEAD = 0.5e9  # bytes an artmlx process needs besides the weights (runtime, a small batch)
@@ -71,7 +70,7 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
     learner = fleet.learner
     if learner.ssh in reachable:
         findings.extend(_listen(fleet, remote, listen_s))
-    work = lambda host: remote.run(host, _in_workdir(host, _facts_command(host, fleet, model, settings)),  # noqa: E731
+    work = lambda host: remote.run(host, in_workdir(host, _facts_command(host, fleet, model, settings)),  # noqa: E731
                                    timeout_s=180)
     hosts = [h for h in fleet.hosts if h.ssh in reachable]
     facts = {}
@@ -84,7 +83,7 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
                                     f"install artmlx for {host.python} on {host.ssh} (pip install artmlx in its venv), "
                                     "or point artmlx.python in the hosts file at the Python that has it"))
     if learner.ssh in reachable:  # free the port for the learner
-        remote.run(learner, _in_workdir(learner, "[ -f probe-listen.pid ] && kill \"$(cat probe-listen.pid)\" "
+        remote.run(learner, in_workdir(learner, "[ -f probe-listen.pid ] && kill \"$(cat probe-listen.pid)\" "
                                                  "2>/dev/null; rm -f probe-listen.pid; true"), timeout_s=30)
     reference = facts.get(learner.ssh)
     for host in hosts:
@@ -96,7 +95,7 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
 
 def _listen(fleet: Fleet, remote: Remote, seconds: float) -> list[Finding]:
     learner = fleet.learner
-    done = remote.run(learner, _in_workdir(learner, _listen_command(fleet, seconds)), timeout_s=60)
+    done = remote.run(learner, in_workdir(learner, _listen_command(fleet, seconds)), timeout_s=60)
     try:
         answer = json.loads(last_line(done.stdout) or "{}")
     except json.JSONDecodeError:

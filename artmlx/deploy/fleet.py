@@ -21,14 +21,9 @@ from pathlib import Path
 
 from ..protocol.security import make_keys
 from .hosts import Fleet, Host
-from .remote import Remote, last_line, quote_path, with_env
+from .remote import Remote, in_workdir, last_line
 
 STATUS_KEY = "status"
-
-
-def _in_workdir(host: Host, command: str) -> str:
-    folder = quote_path(host.folder)
-    return with_env(host, f"mkdir -p {folder} && cd {folder} && {command}")
 
 
 def learner_command(fleet: Fleet, train_args: list[str]) -> str:
@@ -92,7 +87,7 @@ class FleetControl:
         self.fleet, self.remote, self.keys = fleet, remote, Path(keys)
 
     def _run(self, host: Host, command: str, timeout_s: float | None = None) -> HostResult:
-        done = self.remote.run(host, _in_workdir(host, command), timeout_s=timeout_s)
+        done = self.remote.run(host, in_workdir(host, command), timeout_s=timeout_s)
         return HostResult(host.ssh, done.returncode == 0,
                           done.stdout.strip() if done.returncode == 0 else last_line(done.stderr or done.stdout)
                           or f"exit status {done.returncode}")
@@ -135,9 +130,9 @@ class FleetControl:
             if expected <= loaded:
                 say(per_host_table(state, self.fleet))
                 return []
-            if state is None and not self._run(self.fleet.learner, 'kill -0 "$(cat learner.pid)"').ok:
-                tail = self._run(self.fleet.learner, "tail -n 5 learner.log").detail
-                return [HostResult(self.fleet.learner.ssh, False, f"the learner exited; its log ends:\n{tail}")]
+            ended = self._learner_ended(5) if state is None else None
+            if ended is not None:
+                return [HostResult(self.fleet.learner.ssh, False, f"the learner exited; its log ends:\n{ended}")]
             time.sleep(2.0)
         missing = sorted(expected - {a["name"] for a in ((self.status() or {}).get("actors", []))})
         return [HostResult(name.rsplit("-", 1)[0], False, f"actor {name} did not join within {wait_s:.0f} s "
@@ -147,14 +142,19 @@ class FleetControl:
         """Print the per-host table every `every_s` until the learner is gone."""
         while True:
             state = self.status()
-            if state is None:
-                if not self._run(self.fleet.learner, 'kill -0 "$(cat learner.pid)"').ok:
-                    tail = self._run(self.fleet.learner, "tail -n 3 learner.log").detail
-                    say(f"the learner on {self.fleet.learner.ssh} has stopped; its log ends:\n{tail}")
-                    return
-            else:
+            ended = self._learner_ended(3) if state is None else None
+            if ended is not None:
+                say(f"the learner on {self.fleet.learner.ssh} has stopped; its log ends:\n{ended}")
+                return
+            if state is not None:
                 say(per_host_table(state, self.fleet))
             time.sleep(every_s)
+
+    def _learner_ended(self, lines: int) -> str | None:
+        """The end of the learner's log once its process is gone; None while it runs."""
+        if self._run(self.fleet.learner, 'kill -0 "$(cat learner.pid)"').ok:
+            return None
+        return self._run(self.fleet.learner, f"tail -n {lines} learner.log").detail
 
     def status(self) -> dict | None:
         """The learner's state, asked on the learner's host (so it works wherever this runs)."""

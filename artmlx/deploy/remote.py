@@ -35,6 +35,12 @@ def with_env(host: Host, command: str) -> str:
     return f"export {assignments}; {command}" if assignments else command
 
 
+def in_workdir(host: Host, command: str) -> str:
+    """`command` run in the host's workdir (made if missing), with its environment."""
+    folder = quote_path(host.folder)
+    return with_env(host, f"mkdir -p {folder} && cd {folder} && {command}")
+
+
 @dataclass
 class Remote:
     template: str = ""

@@ -105,6 +105,7 @@ class Gateway:
         self.queued_bytes = 0
         self.queued_count = 0
         self.adapter: list = []
+        self.adapter_bytes = 0
         self.unreported: dict[tuple[bytes, str], tuple[int, str]] = {}  # (sender, kind) -> (count, last text)
         self.reported_at = 0.0
         self.parent = os.getppid()
@@ -206,6 +207,7 @@ class Gateway:
                 self._send(frames[1].bytes, self.adapter)
             elif kind == b"keep":
                 self.adapter = frames[1:]
+                self.adapter_bytes = sum(len(frame) for frame in self.adapter)
             elif kind == b"reload-keys" and self.authenticator is not None:
                 allowed = str(Path(self.settings.keys) / "allowed")
                 self.authenticator.configure_curve(domain=ZAP_DOMAIN, location=allowed)
@@ -241,9 +243,8 @@ class Gateway:
             pass
 
     def _over_memory(self) -> bool:
-        adapter_bytes = sum(len(frame) for frame in self.adapter)
         grown = resident_bytes() - self.baseline
-        if grown <= self.settings.memory_limit + 8 * adapter_bytes:
+        if grown <= self.settings.memory_limit + 8 * self.adapter_bytes:
             return False
         print(f"artmlx gateway: resident memory grew by {grown >> 20} MB, over its limit "
               f"({self.settings.memory_limit >> 20} MB + 8 adapters): a peer is sending a message that never "

@@ -100,7 +100,6 @@ class LearnerHub:
         self.max_actors = max_actors
         self.waiting: dict[str, bytes] = {}
         self.policy_version = 0
-        self._adapter_frames: list | None = None
         self._next_index = 0
         self.counts = collections.Counter()
         self.closing: str | None = None
@@ -359,12 +358,11 @@ class LearnerHub:
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""
         self.policy_version = policy_version
-        self._adapter_frames = encode(AdapterUpdate(policy_version, tensors))
-        self.socket.keep_adapter(self._adapter_frames)
+        self.socket.keep_adapter(encode(AdapterUpdate(policy_version, tensors)))
         return sum(self._send_adapter(info) for info in list(self.actors.values()))
 
     def _send_adapter(self, info: ActorInfo) -> bool:
-        if self._adapter_frames is None or info.adapter_sent >= self.policy_version:
+        if self.socket.kept is None or info.adapter_sent >= self.policy_version:
             return False
         if self.socket.send_adapter(info.identity):
             info.adapter_sent = self.policy_version

@@ -134,11 +134,3 @@ def wait_state(control: FleetControl, condition, timeout: float = 120.0) -> dict
         time.sleep(1.0)
     raise AssertionError(f"condition not met within {timeout:.0f} s; last state: {json.dumps(state)[:3000]}")
 
-
-def wait_for_exit(control: FleetControl, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not control._run(control.fleet.learner, 'kill -0 "$(cat learner.pid)"').ok:
-            return
-        time.sleep(2.0)
-    raise AssertionError("the learner did not finish")
