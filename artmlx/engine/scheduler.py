@@ -2,7 +2,7 @@
 
 What a server needs from the engine that environment rollouts (which start a batch together) do not:
 - `submit(request)` from any thread; the scheduler's own thread calls `step()` in a loop;
-- each `step()` first admits waiting requests (up to `max_rows` in the batch): their prompts are
+- each `step()` first admits waiting requests (up to `max_rows` running): their prompts are
   prefilled together in a cache of their own and joined to the running cache (`cache.join_caches`),
   then samples one token for every running request and feeds them all back in **one forward**, so a
   request that arrives while others decode joins the batch at the next step;
@@ -12,9 +12,15 @@ What a server needs from the engine that environment rollouts (which start a bat
 - every sampled token is recorded with its logprob under the tempered distribution it was drawn
   from (the same rule as `generate.sample_tokens`), per request temperature (0: greedy);
 - `on_token(request)` (optional) is called on the scheduler's thread after each new token, for
-  streaming; `done` (a threading.Event) is set when the request ends.
-- `adapter_version`: what the caller swapped in last (`set_adapter_version`); each request records
-  the version it was admitted under. Swapping weights is the caller's (between steps).
+  streaming; `done` (a threading.Event) is set when the request ends;
+- adapters swap without draining: `set_adapter(version, weights)` makes `version` the one new
+  requests are admitted under; requests already running finish on the adapter they started with.
+  The running requests are kept in one batch per adapter version (each with its own cache), and a
+  step loads each batch's adapter tensors before its forward (a reference swap of the LoRA arrays,
+  no copy). While an old version still has requests, a step costs one forward per version; a
+  version's tensors are dropped when its last request ends. Each request records its version;
+- `call(fn)` runs `fn()` on the scheduler's thread between steps (training the served model, or
+  loading arrays, must happen on the thread that owns the MLX stream) and returns a Future.
 
 Deviation from a vLLM-style scheduler: no preemption or paged memory; a request waits until a row
 is free, and its prompt must fit `max_prompt_tokens`.
@@ -24,11 +30,13 @@ from __future__ import annotations
 
 import collections
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 from .cache import RaggedCache, compact, join_caches
 from .generate import Engine
@@ -49,6 +57,16 @@ class Request:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class _Batch:
+    """The running requests of one adapter version, their cache and next-token logits."""
+
+    version: int
+    running: list[Request] = field(default_factory=list)
+    cache: RaggedCache | None = None
+    logits: mx.array | None = None  # (rows, V)
+
+
 class Scheduler:
     def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0):
         self.engine = engine
@@ -57,14 +75,21 @@ class Scheduler:
         self.key = mx.random.key(seed)
         mx.eval(self.key)  # MLX streams are per thread: nothing lazy may cross to the scheduler's thread
         self.waiting: collections.deque[Request] = collections.deque()
-        self.running: list[Request] = []
-        self.cache: RaggedCache | None = None
-        self.logits: mx.array | None = None  # (rows, V): the next token's distribution per running row
+        self.calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self.lock = threading.Lock()
         self.wakeup = threading.Event()
         self.adapter_version = 0
-        self.decode_forwards = 0  # one per step that had running requests: what batching saves
+        # Adapter tensors per version still in use; version 0 is what the model holds now.
+        self.adapters: dict[int, dict[str, mx.array]] = {0: dict(tree_flatten(engine.model.trainable_parameters()))}
+        mx.eval(self.adapters)
+        self.loaded_version = 0
+        self.batches: dict[int, _Batch] = {}  # by version, oldest first
+        self.decode_forwards = 0  # one per batch that had running requests in a step: what batching saves
         self.tokens_sampled = 0
+
+    @property
+    def running(self) -> list[Request]:
+        return [r for batch in self.batches.values() for r in batch.running]
 
     def submit(self, request: Request) -> Request:
         if not request.prompt:
@@ -78,25 +103,88 @@ class Scheduler:
         self.wakeup.set()
         return request
 
-    def set_adapter_version(self, version: int) -> None:
+    def call(self, fn: Callable) -> Future:
+        """Run `fn()` on the scheduler's thread before its next step; the Future holds its result."""
+        future: Future = Future()
+        with self.lock:
+            self.calls.append((fn, future))
+        self.wakeup.set()
+        return future
+
+    def set_adapter(self, version: int, weights: dict[str, mx.array]) -> None:
+        """New requests are admitted under `version` (the adapter `weights`, names as the model's
+        trainable parameters); running ones keep theirs. Call on the scheduler's thread (`call`)."""
+        if version < self.adapter_version or (version == self.adapter_version and version in self.batches):
+            raise ValueError(f"adapter version {version} is not newer than {self.adapter_version}, which serves requests")
+        current = self.adapters[self.adapter_version]
+        if set(weights) != set(current):
+            raise ValueError(f"adapter {version}: its tensor names differ from the served model's")
+        for name, value in weights.items():
+            if value.shape != current[name].shape:
+                raise ValueError(f"adapter {version}: {name} has shape {value.shape}, the model's {current[name].shape}")
+        weights = {name: value.astype(current[name].dtype) for name, value in weights.items()}
+        mx.eval(weights)
+        self.adapters[version] = weights
         self.adapter_version = version
+        self._forget_unused_adapters()
+
+    def set_adapter_version(self, version: int) -> None:
+        """Record `version` for the adapter the model holds now (weights swapped by the caller)."""
+        self.set_adapter(version, dict(tree_flatten(self.engine.model.trainable_parameters())))
+        self.loaded_version = version
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.batches or self.waiting or self.calls)
 
     def step(self) -> list[Request]:
-        """Admit, sample one token for every running request, retire the finished, one forward. Returns
-        the requests that finished in this step."""
+        """Run pending calls, admit, then for each adapter version's batch: sample one token for every
+        request, retire the finished, one forward. Returns the requests that finished in this step."""
+        self._run_calls()
         self._admit()
-        if not self.running:
-            return []
+        done = []
+        for batch in list(self.batches.values()):
+            self._load(batch.version)
+            done += self._step_batch(batch)
+            if not batch.running:
+                del self.batches[batch.version]
+        self._forget_unused_adapters()
+        return done
+
+    def load_current(self) -> None:
+        """Load the newest adapter into the model (before training it on this thread)."""
+        self._load(self.adapter_version)
+
+    def _load(self, version: int) -> None:
+        if version != self.loaded_version:
+            weights = self.adapters[version]
+            if weights:
+                self.engine.model.load_weights(list(weights.items()), strict=False)
+            self.loaded_version = version
+
+    def _forget_unused_adapters(self) -> None:
+        for version in [v for v in self.adapters if v != self.adapter_version and v not in self.batches]:
+            del self.adapters[version]
+
+    def _run_calls(self) -> None:
+        while True:
+            with self.lock:
+                if not self.calls:
+                    return
+                fn, future = self.calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as error:  # the caller's own error, handed back to it
+                    future.set_exception(error)
+
+    def _step_batch(self, batch: _Batch) -> list[Request]:
         self.key, step_key = mx.random.split(self.key)
-        temperatures = np.array([r.temperature for r in self.running], np.float32)
-        tokens, logprobs = _sample(self.logits, temperatures, step_key)
+        temperatures = np.array([r.temperature for r in batch.running], np.float32)
+        tokens, logprobs = _sample(batch.logits, temperatures, step_key)
         tokens, logprobs = np.array(tokens), np.array(logprobs)
         finished, keep = [], []
-        for row, request in enumerate(self.running):
+        for row, request in enumerate(batch.running):
             token = int(tokens[row])
             request.tokens.append(token)
             request.logprobs.append(float(logprobs[row]))
@@ -109,47 +197,49 @@ class Scheduler:
                 request.on_token(request)
             (finished if request.finish_reason else keep).append(row)
         for row in finished:
-            self.running[row].done.set()
-        done = [self.running[row] for row in finished]
+            batch.running[row].done.set()
+        done = [batch.running[row] for row in finished]
         if not keep:
-            self.running, self.cache, self.logits = [], None, None
+            batch.running, batch.cache, batch.logits = [], None, None
             return done
         if finished:
-            rows = mx.array(keep)
-            self.cache.select(rows)
-            self.running = [self.running[row] for row in keep]
+            batch.cache.select(mx.array(keep))
+            batch.running = [batch.running[row] for row in keep]
             tokens = tokens[keep]
-            if self.cache.used > 2 * int(self.cache.offset.max().item()) + 64:
-                compact(self.cache)
-        h = self.cache.forward(self.engine.parts.trunk, mx.array(tokens)[:, None],
-                               mx.ones((len(self.running),), mx.int32))
-        self.logits = self.engine.parts.head(h[:, -1, :])
-        mx.eval(self.logits)
+            if batch.cache.used > 2 * int(batch.cache.offset.max().item()) + 64:
+                compact(batch.cache)
+        h = batch.cache.forward(self.engine.parts.trunk, mx.array(tokens)[:, None],
+                                mx.ones((len(batch.running),), mx.int32))
+        batch.logits = self.engine.parts.head(h[:, -1, :])
+        mx.eval(batch.logits)
         self.decode_forwards += 1
         return done
 
     def _admit(self) -> None:
         with self.lock:
-            free = self.max_rows - len(self.running)
+            free = self.max_rows - sum(len(b.running) for b in self.batches.values())
             admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if not admitted:
             return
+        version = self.adapter_version
         try:
+            self._load(version)
             side = self.engine.new_cache(len(admitted))
             logits = self.engine.prefill(side, [r.prompt for r in admitted])
             mx.eval(logits)
-        except Exception as error:  # release the newcomers; the running batch is untouched
+        except Exception as error:  # release the newcomers; the running batches are untouched
             self._release(admitted, f"{type(error).__name__}: {error}")
             return
         for request in admitted:
-            request.adapter_version = self.adapter_version
-        if self.cache is None:
-            self.cache, self.logits = side, logits
+            request.adapter_version = version
+        batch = self.batches.setdefault(version, _Batch(version))
+        if batch.cache is None:
+            batch.cache, batch.logits = side, logits
         else:
-            self.cache = join_caches(self.cache, side)
-            self.logits = mx.concatenate([self.logits, logits], axis=0)
-        mx.eval(self.logits)
-        self.running.extend(admitted)
+            batch.cache = join_caches(batch.cache, side)
+            batch.logits = mx.concatenate([batch.logits, logits], axis=0)
+        mx.eval(batch.logits)
+        batch.running.extend(admitted)
 
     def run_forever(self, stop: threading.Event) -> None:
         """The scheduler's thread: step while there is work, sleep until a request arrives. A step that
@@ -164,11 +254,19 @@ class Scheduler:
                     self.step()
                 except Exception as error:  # the thread's edge: every waiting caller must hear of it
                     self.fail(f"{type(error).__name__}: {error}")
+            self._fail_calls("the scheduler stopped")
 
     def fail(self, reason: str) -> None:
-        """End every running request with `reason` (finish_reason "error") and start a fresh batch."""
-        running, self.running, self.cache, self.logits = self.running, [], None, None
+        """End every running request with `reason` (finish_reason "error") and start fresh batches."""
+        running, self.batches = self.running, {}
         self._release(running, reason)
+
+    def _fail_calls(self, reason: str) -> None:
+        with self.lock:
+            calls, self.calls = list(self.calls), collections.deque()
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError(reason))
 
     @staticmethod
     def _release(requests: list[Request], reason: str) -> None:

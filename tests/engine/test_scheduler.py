@@ -3,6 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from artmlx.engine.generate import Engine
 from artmlx.engine.scheduler import Request, Scheduler
@@ -97,11 +98,11 @@ def test_holes_left_by_a_long_prompt_are_compacted_without_changing_the_others(p
         scheduler.step()
     long = scheduler.submit(Request([int(t) for t in np.arange(200) % 90 + 6], 2, 0.0))
     scheduler.step()
-    assert scheduler.cache.used >= 200  # the survivor's row now has ~190 holes
+    assert scheduler.batches[0].cache.used >= 200  # the survivor's row now has ~190 holes
     while not long.done.is_set():
         scheduler.step()
     scheduler.step()
-    assert scheduler.cache.used < 80  # compacted to the survivor's own length once the long one left
+    assert scheduler.batches[0].cache.used < 80  # compacted to the survivor's own length once the long one left
     while scheduler.busy:
         scheduler.step()
     for request in (survivor, long):
@@ -118,3 +119,54 @@ def test_bad_requests_are_refused_at_submit(policy):
     with pytest.raises(ValueError, match="at least 1"):
         scheduler.submit(Request([1], 0))
     assert not scheduler.busy
+
+
+def test_a_new_adapter_swaps_in_between_steps_and_running_requests_finish_on_theirs():
+    model, _ = tiny_policy(perturb=0.02, seed=1)
+    old = dict(tree_flatten(model.trainable_parameters()))
+    mx.random.seed(7)
+    new = {name: mx.random.normal(value.shape) * 0.05 for name, value in old.items()}
+    scheduler = Scheduler(Engine(model), max_rows=8)
+    early = [scheduler.submit(Request([9, 10 + i, 11], 24, 0.0)) for i in range(3)]
+    for _ in range(5):
+        scheduler.step()
+    forwards = scheduler.decode_forwards
+    scheduler.set_adapter(1, new)  # no drain: the early requests are mid-way
+    late = [scheduler.submit(Request([9, 40 + i, 11], 10, 0.0)) for i in range(2)]
+    scheduler.step()
+    assert scheduler.decode_forwards == forwards + 2  # one forward per adapter version while both run
+    assert all(not r.done.is_set() for r in early)
+    while scheduler.busy:
+        scheduler.step()
+    assert [r.adapter_version for r in early + late] == [0, 0, 0, 1, 1]
+    assert set(scheduler.adapters) == {1}  # version 0's tensors went with its last request
+    model.load_weights(list(old.items()), strict=False)
+    for request in early:
+        assert_greedy_and_exact(model, request)
+    model.load_weights(list(new.items()), strict=False)
+    for request in late:
+        assert_greedy_and_exact(model, request)
+    with pytest.raises(ValueError, match="not newer"):
+        scheduler.set_adapter(0, old)
+    with pytest.raises(ValueError, match="names differ"):
+        scheduler.set_adapter(2, {"x": mx.zeros((2,))})
+
+
+def test_calls_run_on_the_scheduler_thread_between_steps():
+    import threading
+
+    model, _ = tiny_policy()
+    mx.eval(model.parameters())  # the scheduler's thread may use only evaluated arrays (MLX streams are per thread)
+    scheduler = Scheduler(Engine(model), max_rows=4)
+    stop = threading.Event()
+    thread = threading.Thread(target=scheduler.run_forever, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        request = scheduler.submit(Request([5, 6, 7], 30, 1.0))
+        assert scheduler.call(lambda: threading.current_thread() is thread).result(timeout=30)
+        with pytest.raises(ZeroDivisionError):
+            scheduler.call(lambda: 1 / 0).result(timeout=30)
+        assert request.done.wait(30) and len(request.tokens) == 30
+    finally:
+        stop.set()
+        thread.join(10)
