@@ -5,9 +5,16 @@ policy's sampled ids are kept exactly, and each environment turn is appended as 
 chat-template text that follows the assistant's reply. That text is found once per tokenizer by
 rendering a probe conversation with and without the new messages (the rendered prefix must not
 change, which holds for ChatML-style templates such as Qwen's).
+
+`prompt_ids(messages, tools)` is the one place a chat prompt becomes ids: the server builds every
+request's prompt with it and the ART trainer rebuilds prompts with it. As vLLM does, an assistant
+message's tool-call `arguments` (a JSON string in the OpenAI format) are parsed into an object
+before rendering, so templates that write them as JSON (`tojson`) do not quote them twice.
 """
 
 from __future__ import annotations
+
+import json
 
 _MARK = "\u2063ARTMLX-REPLY\u2063"
 _PROBE = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
@@ -26,17 +33,19 @@ class ChatFormat:
         self._reply_tail = rendered[rendered.rindex(_MARK) + len(_MARK) :]
         self._eos_text = {i: tokenizer.decode([i]) for i in self.eos_token_ids}
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the opening messages followed by the assistant generation prompt."""
-        return self.encode(self._render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        """Ids of the messages (and the tools' descriptions, if any) followed by the assistant generation
+        prompt."""
+        return self.encode(self._render([_template_message(m) for m in messages], True, tools))
 
     def continuation_ids(self, new_messages: list[dict], last_reply_token: int | None) -> list[int]:
         """Ids that close the assistant's reply and open the next assistant turn after `new_messages`.
@@ -61,3 +70,21 @@ class ChatFormat:
         if reply_ids and reply_ids[-1] in self.eos_token_ids:
             reply_ids = reply_ids[:-1]
         return self.tokenizer.decode(reply_ids)
+
+
+def _template_message(message: dict) -> dict:
+    """The message as chat templates take it: tool-call arguments as objects, not JSON text."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    parsed = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                function["arguments"] = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass  # rendered as the text it is
+        parsed.append({**call, "function": function})
+    return {**message, "tool_calls": parsed}

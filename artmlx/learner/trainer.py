@@ -112,9 +112,15 @@ class GRPOTrainer:
 
     def prepare(self, groups: list[Group]) -> tuple[_StepData, dict]:
         """Advantages per episode; groups with zero reward variance are dropped and counted."""
-        rewards = mx.array(np.stack([g.rewards for g in groups]))
-        advantages, zero_variance = group_advantages(rewards, self.config.scale_advantages)
-        advantages, zero_variance = np.array(advantages), np.array(zero_variance)
+        if len({len(g.episodes) for g in groups}) == 1:
+            rewards = mx.array(np.stack([g.rewards for g in groups]))
+            advantages, zero_variance = group_advantages(rewards, self.config.scale_advantages)
+            advantages, zero_variance = np.array(advantages), np.array(zero_variance)
+        else:  # groups of different sizes (ART groups that lost trajectories): one group at a time
+            rows = [group_advantages(mx.array(g.rewards)[None], self.config.scale_advantages) for g in groups]
+            advantages = [np.array(a)[0] for a, _ in rows]
+            zero_variance = np.array([bool(np.array(z)[0]) for _, z in rows])
+            rewards = np.concatenate([g.rewards for g in groups])
         episodes, episode_advantages, members = [], [], []
         for g, group in enumerate(groups):
             if zero_variance[g]:

@@ -18,6 +18,7 @@ from ..chat import ChatFormat
 from ..engine.generate import Engine
 from ..engine.scheduler import Request, Scheduler
 from ..model.policy import LoraSpec, load_policy, load_policy_with_adapters
+from .tools import ToolCallParser
 
 
 @dataclass
@@ -44,8 +45,10 @@ class ModelServer:
     """Loads the model on the scheduler's own thread (on a GPU, MLX arrays belong to the thread whose
     stream computed them) and serves requests from there; other threads only submit and wait."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, train_config=None):
+        """`train_config` (a TrainConfig) sets the LoRA layout of fresh adapters (default: the defaults')."""
         self.config = config
+        self.train_config = train_config
         self.name = config.name or config.model
         self.step = 0
         self._stop = threading.Event()
@@ -65,10 +68,12 @@ class ModelServer:
             else:
                 from ..config import TrainConfig
 
-                self.model, self.tokenizer, _ = load_policy(config.model, LoraSpec.from_config(TrainConfig()))
+                self.model, self.tokenizer, _ = load_policy(
+                    config.model, LoraSpec.from_config(self.train_config or TrainConfig()))
             self.model.eval()
             mx.eval(self.model.parameters())
             self.chat = ChatFormat(self.tokenizer)
+            self.tool_parser = ToolCallParser(self.tokenizer)
             self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
                                        max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
         except BaseException as error:  # the thread's edge: the constructor re-raises it
@@ -82,12 +87,16 @@ class ModelServer:
     def model_names(self) -> list[str]:
         return [self.name, f"{self.name}@{self.step}"]
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat.prompt_ids(messages)
+    def prompt_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        return self.chat.prompt_ids(messages, tools)
 
     def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None) -> Request:
         return self.scheduler.submit(Request(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                              stop_tokens=frozenset(self.chat.eos_token_ids), on_token=on_token))
+
+    def call(self, fn):
+        """Run `fn()` on the scheduler's thread between decode steps (a concurrent.futures.Future)."""
+        return self.scheduler.call(fn)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)

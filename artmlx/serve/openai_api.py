@@ -7,8 +7,16 @@ logprob comes in the OpenAI shape, and with vLLM's `return_tokens_as_token_ids: 
 LocalBackend asks for) each logprob entry's `token` is `token_id:N`. A bad request gets a 4xx with an
 OpenAI-style error body and the server keeps serving.
 
-Not yet: `tools` (tool-call parsing), `top_logprobs` > 0, adapter swaps while serving; each is
-refused with a 400 that says so rather than ignored.
+Each choice also carries what a trainer needs to check it: `prompt_token_ids` (the prompt as built
+by `ChatFormat.prompt_ids`), `adapter_version` (the adapter it was sampled with: a new adapter swaps
+in between decode steps and running requests finish on theirs) and `sampling_temperature`.
+
+Tools (`tools`, `tool_choice` "auto" or "none"): rendered by the chat template, calls parsed from
+the reply (`tools.py`) into `message.tool_calls` with `finish_reason` "tool_calls". When streaming
+with tools, text that may start a call is held back and the calls come in the last chunk.
+
+Not supported, refused with a 400 that says so: `top_logprobs` > 0, `tool_choice` "required" or a
+named function.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .model_server import ModelServer
+from .tools import ToolError, check_tool_calls, check_tools
 
 
 class ApiError(Exception):
@@ -46,6 +55,8 @@ class Sampling:
     logprobs: bool
     token_ids_as_tokens: bool
     stream: bool
+    tools: list | None = None
+    parse_tools: bool = False
 
 
 def _number(body: dict, name: str, default, low, high, kind=float):
@@ -67,8 +78,8 @@ def parse_sampling(body: dict, server: ModelServer) -> Sampling:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, "'stop' must be a string or a list of at most 4 non-empty strings", "stop")
-    if body.get("tools") or body.get("functions"):
-        raise ApiError(400, "tools are not supported by this server yet", "tools")
+    if body.get("functions"):
+        raise ApiError(400, "'functions' is the deprecated form: send 'tools'", "functions")
     top = body.get("top_logprobs")
     if top not in (None, 0):
         raise ApiError(400, "top_logprobs is not supported (the sampled token's logprob is)", "top_logprobs")
@@ -76,7 +87,7 @@ def parse_sampling(body: dict, server: ModelServer) -> Sampling:
     if not isinstance(logprobs, bool):
         raise ApiError(400, "'logprobs' must be true or false", "logprobs")
     return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                    n=_number(body, "n", 1, 1, 16, int), stop=stop, logprobs=bool(logprobs),
+                    n=_number(body, "n", 1, 1, 64, int), stop=stop, logprobs=bool(logprobs),
                     token_ids_as_tokens=bool(body.get("return_tokens_as_token_ids", False)),
                     stream=bool(body.get("stream", False)))
 
@@ -89,7 +100,7 @@ def parse_messages(body: dict) -> list[dict]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
             raise ApiError(400, f"messages[{index}] needs a role of system, user, assistant or tool", "messages")
-        content = message.get("content", "")
+        content = message.get("content") or ""
         if isinstance(content, list):  # the content-parts form: text parts only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -97,8 +108,34 @@ def parse_messages(body: dict) -> list[dict]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{index}].content must be text", "messages")
-        out.append({"role": message["role"], "content": content})
+        kept = {"role": message["role"], "content": content}
+        try:
+            if message["role"] == "assistant" and message.get("tool_calls"):
+                kept["tool_calls"] = check_tool_calls(message["tool_calls"], index)
+        except ToolError as error:
+            raise ApiError(400, str(error), "messages") from None
+        for name in ("tool_call_id", "name"):
+            if message["role"] == "tool" and isinstance(message.get(name), str):
+                kept[name] = message[name]
+        out.append(kept)
     return out
+
+
+def parse_tools(body: dict, sampling: Sampling, server: ModelServer) -> None:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "'tool_choice' needs 'tools'", "tool_choice")
+        return
+    if not server.tool_parser.available:
+        raise ApiError(400, f"model {server.name!r} has no tool calling in its chat template", "tools")
+    if choice not in (None, "auto", "none"):
+        raise ApiError(400, "tool_choice must be 'auto' or 'none' (forcing a call is not supported)", "tool_choice")
+    try:
+        sampling.tools = check_tools(tools)
+    except ToolError as error:
+        raise ApiError(400, str(error), "tools") from None
+    sampling.parse_tools = choice != "none"
 
 
 class Api:
@@ -143,7 +180,8 @@ class Api:
             body = await self._body(request)
             messages = parse_messages(body)
             sampling = parse_sampling(body, self.server)
-            prompt = self.server.prompt_ids(messages)
+            parse_tools(body, sampling, self.server)
+            prompt = self.server.prompt_ids(messages, sampling.tools)
             return await self._generate(body["model"], prompt, sampling, chat=True)
         except ApiError as error:
             return error.response()
@@ -184,7 +222,7 @@ class Api:
         failed = [r.error for r in requests if r.error]
         if failed:
             raise ApiError(500, f"generation failed: {failed[0]}", kind="server_error")
-        choices = [self._choice(index, r, sampling, chat) for index, r in enumerate(requests)]
+        choices = [self._choice(index, r, sampling, chat, prompt) for index, r in enumerate(requests)]
         completion = sum(len(r.tokens) for r in requests)
         return JSONResponse({
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "object": "chat.completion" if chat
@@ -210,21 +248,32 @@ class Api:
         return {"token": f"token_id:{token}" if sampling.token_ids_as_tokens else text, "logprob": logprob,
                 "bytes": list(text.encode("utf-8")), "top_logprobs": []}
 
-    def _choice(self, index: int, request, sampling: Sampling, chat: bool) -> dict:
+    def _stopped_text(self, request, sampling: Sampling) -> str:
         text = self._text(request.tokens)
         for stop in sampling.stop:
             if stop in text:
                 text = text[: text.index(stop)]
+        return text
+
+    def _choice(self, index: int, request, sampling: Sampling, chat: bool, prompt: list[int]) -> dict:
+        text = self._stopped_text(request, sampling)
         logprobs = None
         if sampling.logprobs:
             logprobs = {"content": [self._logprob_entry(t, lp, sampling)
                                     for t, lp in zip(request.tokens, request.logprobs)]}
         choice = {"index": index, "finish_reason": request.finish_reason, "logprobs": logprobs,
-                  "token_ids": list(request.tokens)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
+                  "token_ids": list(request.tokens), "token_logprobs": list(request.logprobs), "prompt_token_ids": prompt,
+                  "adapter_version": request.adapter_version, "sampling_temperature": request.temperature}
+        if not chat:
             choice["text"] = text
+            return choice
+        reply = self.server.tool_parser.parse(text, sampling.tools) if sampling.parse_tools else None
+        if reply is not None and reply.tool_calls:
+            choice["message"] = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
+            if request.finish_reason == "stop":
+                choice["finish_reason"] = "tool_calls"
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
         return choice
 
     def _stream(self, model: str, prompt: list[int], sampling: Sampling, chat: bool) -> StreamingResponse:
@@ -247,9 +296,11 @@ class Api:
             requests.append(request)
         ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
 
-        def chunk(index: int, delta: str | None, finish, logprobs=None, first=False) -> str:
+        def chunk(index: int, delta: str | None, finish, logprobs=None, first=False, calls=None) -> str:
             if chat:
                 content = {"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {})
+                if calls:
+                    content["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
                 choice = {"index": index, "delta": content, "finish_reason": finish, "logprobs": logprobs}
             else:
                 choice = {"index": index, "text": delta or "", "finish_reason": finish, "logprobs": logprobs}
@@ -272,11 +323,22 @@ class Api:
                         open_rows -= 1
                         continue
                     text = self._text(request.tokens[:count])
-                    piece, sent_text[index] = text[len(sent_text[index]):], text
+                    calls = None
+                    if chat and sampling.parse_tools:  # hold back what may be a tool call until the end
+                        if finish:
+                            reply = self.server.tool_parser.parse(text, sampling.tools)
+                            calls = reply.tool_calls
+                            if calls:
+                                text = reply.content or ""
+                                finish = "tool_calls" if finish == "stop" else finish
+                        else:
+                            text = self.server.tool_parser.visible_prefix(text)
+                    piece = text[len(sent_text[index]):] if text.startswith(sent_text[index]) else ""
+                    sent_text[index] = text if piece else sent_text[index]
                     token, logprob = request.tokens[count - 1], request.logprobs[count - 1]
                     logprobs = ({"content": [{**self._logprob_entry(token, logprob, sampling), "token_id": token}]}
                                 if sampling.logprobs else None)
-                    yield chunk(index, piece, finish, logprobs)
+                    yield chunk(index, piece, finish, logprobs, calls=calls)
                     if finish:
                         open_rows -= 1
                 yield "data: [DONE]\n\n"

@@ -114,9 +114,15 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(served):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=9)
-    with pytest.raises(openai.BadRequestError, match="tools are not supported"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+    with pytest.raises(openai.BadRequestError, match="forcing a call is not supported"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tool_choice="required",
                                        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\] must be"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"parameters": {}}}])
+    with pytest.raises(openai.BadRequestError, match="function.name and function.arguments"):
+        client.chat.completions.create(model="tiny", messages=[
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}])
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     bad_json = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=b"{not json",

@@ -1,0 +1,10 @@
+"""ART on MLX: `MLXBackend` (OpenPipe ART's Backend protocol) and token-exact trajectory conversion.
+
+Needs the optional extra `artmlx[art]` (the real `openpipe-art` package) only for `MLXBackend.train`'s
+return type and for ART's own classes in user code; `tokens.py` works on any object of ART's shape.
+"""
+
+from .backend import MLXBackend
+from .tokens import TrajectoryRefused, trajectory_episode
+
+__all__ = ["MLXBackend", "TrajectoryRefused", "trajectory_episode"]

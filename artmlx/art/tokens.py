@@ -1,0 +1,134 @@
+"""ART trajectories as artmlx episodes: the exact tokens the server sampled, never re-tokenised text.
+
+An ART `Trajectory` is `messages_and_choices`: message dicts (system, user, tool, or an assistant
+message written by the program) and `Choice` objects returned by the chat API. Its episode is
+one token sequence: the first choice's prompt, that choice's sampled tokens (trained: policy mask
+on, with their sampler logprobs), then for each later choice the part of its prompt that follows
+the sequence so far (the template's closing and the messages that came in between: not trained),
+then its tokens, and so on. Messages after the last choice are not part of it.
+
+Where a choice's numbers come from:
+- tokens and logprobs: the choice's `token_ids` and `token_logprobs` (what `artmlx serve` attaches
+  to every choice), else its `logprobs.content` entries in vLLM's `token_id:N` form (what ART's
+  LocalBackend asks vLLM for);
+- its prompt: the choice's `prompt_token_ids` (the ids the server fed the model), else rebuilt
+  from the messages before it and the trajectory's tools with `ChatFormat.prompt_ids`, which is
+  how `artmlx serve` builds every prompt.
+
+A trajectory is refused (`TrajectoryRefused`, with the reason) when a choice has no token ids or
+no logprobs, when an id is outside the vocabulary, when a choice was sampled at another temperature
+than the learner's (the importance ratios would compare different distributions), when it has
+`additional_histories`, or when a later prompt does not start with the sequence so far. The last
+happens when the chat template renders an earlier reply differently from the tokens the model
+sampled (tool-call JSON re-serialised, reasoning dropped): ART re-tokenises such turns in place;
+artmlx trains a trajectory as the one sequence the model saw and refuses what is not one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..chat import ChatFormat
+from ..trajectory import Episode
+
+
+class TrajectoryRefused(ValueError):
+    """This trajectory cannot be trained token-exactly; the message says why and what to change."""
+
+
+def is_choice(item) -> bool:
+    return not isinstance(item, dict) and hasattr(item, "message")
+
+
+def _extra(choice) -> dict:
+    return dict(getattr(choice, "model_extra", None) or {})
+
+
+def choice_tokens(choice, where: str) -> tuple[list[int], list[float]]:
+    """The sampled ids and their sampler logprobs recorded in a chat completion choice."""
+    extra = _extra(choice)
+    entries = (getattr(choice.logprobs, "content", None) or []) if getattr(choice, "logprobs", None) else []
+    tokens = extra.get("token_ids")
+    if tokens is None and entries:
+        try:
+            tokens = [int(entry.token.removeprefix("token_id:")) for entry in entries]
+        except ValueError:
+            raise TrajectoryRefused(f"{where}: its logprob entries name tokens as text, not token_id:N; ask the "
+                                    "server for return_tokens_as_token_ids (artmlx serve adds token_ids itself)") from None
+    if not tokens:
+        raise TrajectoryRefused(f"{where}: the choice carries no token ids; use a server that returns them "
+                                "(artmlx serve, or vLLM with logprobs and return_tokens_as_token_ids)")
+    logprobs = extra.get("token_logprobs")
+    if logprobs is None and entries:
+        logprobs = [entry.logprob for entry in entries]
+    if logprobs is None:
+        raise TrajectoryRefused(f"{where}: the choice carries no sampler logprobs; request logprobs=True")
+    if len(logprobs) != len(tokens) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise TrajectoryRefused(f"{where}: {len(tokens)} token ids but {len(logprobs)} logprobs")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v <= 0 for v in logprobs):
+        raise TrajectoryRefused(f"{where}: its logprobs must be finite and at most 0")
+    return list(tokens), [float(v) for v in logprobs]
+
+
+def messages_before(items: list) -> list[dict]:
+    """The chat messages of `items`, each choice as the assistant message the API client resends
+    (content and tool calls), as ART's `get_messages` writes them."""
+    messages = []
+    for item in items:
+        if is_choice(item):
+            message = {"role": "assistant", "content": item.message.content or ""}
+            if item.message.tool_calls:
+                message["tool_calls"] = [call.model_dump(mode="json") for call in item.message.tool_calls]
+            messages.append(message)
+        else:
+            messages.append(dict(item))
+    return messages
+
+
+def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_size: int) -> Episode:
+    """The trajectory's one token sequence, with the policy mask on every sampled token."""
+    if getattr(trajectory, "additional_histories", None):
+        raise TrajectoryRefused("additional_histories are not supported: artmlx trains one sequence per trajectory")
+    items = list(trajectory.messages_and_choices)
+    tools = list(trajectory.tools) if getattr(trajectory, "tools", None) else None
+    tokens: list[int] = []
+    mask: list[bool] = []
+    logprobs: list[float] = []
+    choices = 0
+    for index, item in enumerate(items):
+        if not is_choice(item):
+            continue
+        choices += 1
+        where = f"messages_and_choices[{index}]"
+        sampled, sampled_logprobs = choice_tokens(item, where)
+        extra = _extra(item)
+        used = extra.get("sampling_temperature")
+        if used is not None and abs(float(used) - temperature) > 1e-6:
+            raise TrajectoryRefused(f"{where}: sampled at temperature {used}, the learner's is {temperature}; "
+                                    "sample with the training temperature (ART's default is 1.0)")
+        prompt = extra.get("prompt_token_ids") or chat.prompt_ids(messages_before(items[:index]), tools)
+        if not tokens:
+            tail = list(prompt)
+        elif prompt[: len(tokens)] == tokens:
+            tail = list(prompt[len(tokens):])
+        else:
+            first = next(i for i, (a, b) in enumerate(zip(prompt, tokens)) if a != b) if any(
+                a != b for a, b in zip(prompt, tokens)) else min(len(prompt), len(tokens))
+            raise TrajectoryRefused(
+                f"{where}: its prompt does not continue the conversation before it (they differ from token {first}: "
+                f"{chat.tokenizer.decode(list(prompt[first:first + 12]))!r} against "
+                f"{chat.tokenizer.decode(tokens[first:first + 12])!r}); the chat template renders an earlier reply "
+                "differently from the tokens sampled, and artmlx will not re-tokenise it")
+        tokens += tail + sampled
+        mask += [False] * len(tail) + [True] * len(sampled)
+        logprobs += [0.0] * len(tail) + sampled_logprobs
+    if not choices:
+        raise TrajectoryRefused("no chat completion choice in messages_and_choices: append the response's choice "
+                                "(not choice.message) so its tokens are known")
+    if any(not 0 <= t < vocab_size for t in tokens):
+        raise TrajectoryRefused(f"a token id is outside the vocabulary [0, {vocab_size})")
+    reward = float(trajectory.reward)
+    if not math.isfinite(reward):
+        raise TrajectoryRefused(f"reward {reward} is not finite")
+    return Episode(tokens, mask, logprobs, reward=reward, turns=choices,
+                   info={"metrics": dict(getattr(trajectory, "metrics", {}) or {})})
