@@ -209,8 +209,11 @@ class Api:
         if len(prompt) > limit:
             raise ApiError(400, f"context too long: the prompt has {len(prompt)} tokens, this server takes at most "
                                 f"{limit}", "messages", kind="invalid_request_error")
-        return [self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token)
-                for _ in range(sampling.n)]
+        try:
+            return [self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token)
+                    for _ in range(sampling.n)]
+        except ValueError as error:  # the scheduler's own checks
+            raise ApiError(400, str(error)) from None
 
     async def _generate(self, model: str, prompt: list[int], sampling: Sampling, chat: bool):
         if sampling.stream:

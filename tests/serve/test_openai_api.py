@@ -140,3 +140,25 @@ def test_completions_take_token_ids_and_return_them(served):
     response = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=5, temperature=0.0)
     assert response.model_extra["prompt_token_ids"] == [5, 6, 7, 8]
     assert len(response.choices[0].model_extra["token_ids"]) <= 5
+
+
+def test_tools_go_into_the_prompt_and_tool_turns_are_accepted(served):
+    server, client, _ = served
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "4"}]
+    big = openai.OpenAI(base_url=client.base_url, api_key=KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError, match="context too long"):  # the tool block is long in characters
+        big.chat.completions.create(model="tiny", messages=messages, tools=tools, max_tokens=4)
+    server.config.max_prompt_tokens = server.scheduler.max_prompt_tokens = 1024
+    try:
+        response = client.chat.completions.create(model="tiny", messages=messages, tools=tools, max_tokens=6,
+                                                  temperature=0.0)
+    finally:
+        server.config.max_prompt_tokens = server.scheduler.max_prompt_tokens = 256
+    choice = response.choices[0]
+    assert choice.model_extra["prompt_token_ids"] == server.prompt_ids(messages, tools)
+    assert "<tools>" in server.decode(choice.model_extra["prompt_token_ids"])
+    assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None  # the tiny model calls no tool
