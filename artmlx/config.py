@@ -22,6 +22,11 @@ class TrainConfig:
     """Environment: a built-in name (`tictactoe`, `arithmetic`) or `module:Class`."""
     env_args: dict = field(default_factory=dict)
     """Keyword options for the environment's constructor, e.g. `{opponent = "perfect"}`."""
+    rollout: str = ""
+    """Agent instead of environment on actors: `module:function` or `file.py:function` naming an ART-style
+    `async def rollout(client, scenario) -> Trajectory` (`rollout/agents.py`). `env` still evaluates."""
+    scenarios: str = ""
+    """Scenarios for `rollout`: a JSONL file or `module:name` of a list (empty: `{"seed": seed}` per group)."""
     seed: int = 0
     """Seed for task selection, sampling and LoRA initialisation."""
     steps: int = 50
@@ -197,6 +202,10 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise ValueError("dora = true with kl_coef > 0 is not supported: the KL reference switches LoRA off, but a "
                          "DoRA layer would still apply its trained magnitude, so the reference would not be the "
                          "base; use LoRA (dora = false) or kl_coef = 0")
+    if config.rollout and ":" not in config.rollout:
+        raise ValueError(f"config field 'rollout' must be module:function or file.py:function, got {config.rollout!r}")
+    if config.scenarios and not config.rollout:
+        raise ValueError("config field 'scenarios' needs 'rollout' (environments choose their own tasks)")
     if config.compile_step and config.lora_dropout > 0:
         raise ValueError("compile_step = true with lora_dropout > 0 is not supported: a compiled step would reuse "
                          "one dropout mask for every update; set compile_step = false or lora_dropout = 0")

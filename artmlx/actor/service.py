@@ -32,7 +32,7 @@ from ..config import TrainConfig, validate
 from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env
 from ..evaluate import EVAL_SEED_BASE
-from ..model.policy import LoraSpec, fingerprint, load_policy, set_adapter_weights
+from ..model.policy import LoraSpec, fingerprint, load_policy
 from ..protocol.client import ActorClient, LearnerGone
 from ..protocol.codec import to_mlx
 from ..protocol.convert import group_to_message
@@ -64,23 +64,22 @@ class ActorService:
         budget = resolve_budget(self.memory_budget_gb)
         apply_limits(budget)
         spec = LoraSpec.from_config(config)
-        model, tokenizer, _ = load_policy(config.model, spec)
+        rollouts = self._rollouts(config, spec, budget)
         self.client.hello(fingerprint(config.model, spec))  # raises ActorRefused on a mismatch
-        rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
-                                   SamplingParams.from_config(config), plan_for(model, budget))
-        self.say(f"connected: model {config.model}, env {config.env}, learner at v{welcome.policy_version}; "
+        task = f"rollout {config.rollout}" if config.rollout else f"env {config.env}"
+        self.say(f"connected: model {config.model}, {task}, learner at v{welcome.policy_version}; "
                  f"{device_description()}, memory budget {budget / 2**30:.1f} GB, "
                  f"{rollouts.max_rows} rows per batch at most")
-        version = self._apply_adapter(model, wait=True)
+        version = self._apply_adapter(rollouts, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
-        policy_tokens = 0
+        policy_tokens, reported = 0, 0
         while not self.stop and self.client.shutdown_reason is None:
             per_batch = self.groups_per_batch(config, rollouts)
             # Generate only once the whole batch will fit the window, with the newest adapter by then:
             # a batch generated first and then held back would be one more policy version old.
             self._wait_for_room(per_batch)
-            version = self._apply_adapter(model, wait=False, current=version)
+            version = self._apply_adapter(rollouts, wait=False, current=version)
             seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
             for group in rollouts.play(seeds, config.group_size, key, version):
@@ -91,13 +90,18 @@ class ActorService:
                 if self.client.shutdown_reason:
                     break
             batches += 1
-            self.client.stats = {"batches": batches, "groups_per_batch": per_batch,
+            failures = getattr(rollouts, "failures", [])
+            for failure in failures[reported:]:
+                self.say(f"group dropped: {failure}")
+            reported = len(failures)
+            self.client.stats = {"rollout_failures": reported,"batches": batches, "groups_per_batch": per_batch,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
                                  "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
                                  "device": device_description()}
             self.client.pump(0)
         reason = self.client.shutdown_reason or "stopped by signal"
         self.client.leave()
+        rollouts.close()
         self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
         self.client.socket.close()
         return reason
@@ -141,14 +145,31 @@ class ActorService:
             return welcome
         raise SystemExit(0)
 
-    def _apply_adapter(self, model, wait: bool, current: int = -1) -> int:
+    def _rollouts(self, config: TrainConfig, spec: LoraSpec, budget: int):
+        """The environment's batched rollouts, or with `rollout` the agent's against an in-process server."""
+        if not config.rollout:
+            model, tokenizer, _ = load_policy(config.model, spec)
+            return EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                   SamplingParams.from_config(config), plan_for(model, budget))
+        from ..rollout.agents import MODEL_NAME, AgentRollouts, load_rollout, load_scenarios
+        from ..serve.model_server import ModelServer, ServeConfig
+
+        rollout, scenarios = load_rollout(config.rollout), load_scenarios(config.scenarios)
+        rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size
+        server = ModelServer(ServeConfig(model=config.model, name=MODEL_NAME, max_rows=max(rows, config.group_size),
+                                         max_prompt_tokens=config.max_episode_tokens,
+                                         max_tokens=config.max_episode_tokens, seed=int(self.nonce % 2**31)),
+                             train_config=config)
+        return AgentRollouts(server, rollout, scenarios, config.temperature)
+
+    def _apply_adapter(self, rollouts, wait: bool, current: int = -1) -> int:
         while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:
             self.client.pump(50)
         adapter = self.client.take_adapter()
         if adapter is None or adapter.policy_version == current:
             return current
-        set_adapter_weights(model, {name: to_mlx(array) for name, array in adapter.tensors.items()})
-        mx.eval(model.parameters())
+        tensors = adapter.tensors
+        rollouts.set_adapter(lambda: {name: to_mlx(array) for name, array in tensors.items()}, adapter.policy_version)
         return adapter.policy_version
 
 

@@ -94,7 +94,7 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
     tokens: list[int] = []
     mask: list[bool] = []
     logprobs: list[float] = []
-    choices = 0
+    choices, versions = 0, []
     for index, item in enumerate(items):
         if not is_choice(item):
             continue
@@ -102,6 +102,8 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         where = f"messages_and_choices[{index}]"
         sampled, sampled_logprobs = choice_tokens(item, where)
         extra = _extra(item)
+        if isinstance(extra.get("adapter_version"), int):
+            versions.append(extra["adapter_version"])
         used = extra.get("sampling_temperature")
         if used is not None and abs(float(used) - temperature) > 1e-6:
             raise TrajectoryRefused(f"{where}: sampled at temperature {used}, the learner's is {temperature}; "
@@ -131,4 +133,5 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
     if not math.isfinite(reward):
         raise TrajectoryRefused(f"reward {reward} is not finite")
     return Episode(tokens, mask, logprobs, reward=reward, turns=choices,
-                   info={"metrics": dict(getattr(trajectory, "metrics", {}) or {})})
+                   info={"metrics": dict(getattr(trajectory, "metrics", {}) or {}),
+                         "adapter_version": min(versions) if versions else None})

@@ -21,6 +21,7 @@ import mlx.core as mx
 from ..chat import ChatFormat
 from ..engine.generate import Engine
 from ..engine.memory import MemoryPlan, slots_for
+from ..model.policy import set_adapter_weights
 from ..envs.base import Env
 from ..trajectory import Episode, Group
 
@@ -59,6 +60,14 @@ class EpisodeRollouts:
         self.make_env = make_env
         self.sampling = sampling
         self.plan = plan
+
+    def set_adapter(self, make_tensors: Callable[[], dict], version: int) -> None:
+        """Replace the adapter in place (no reload) between batches; `make_tensors()` gives its arrays."""
+        set_adapter_weights(self.engine.model, make_tensors())
+        mx.eval(self.engine.model.parameters())
+
+    def close(self) -> None:
+        """Nothing runs in the background here (agent rollouts stop their server thread)."""
 
     @property
     def max_rows(self) -> int:
