@@ -308,7 +308,9 @@ class Api:
             else:
                 choice = {"index": index, "text": delta or "", "finish_reason": finish, "logprobs": logprobs}
             data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                    "model": model, "choices": [choice], "adapter_version": requests[index].adapter_version}
+                    "model": model, "choices": [choice]}
+            if requests[index].adapter_version >= 0:  # known once the request is admitted
+                data["adapter_version"] = requests[index].adapter_version
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():

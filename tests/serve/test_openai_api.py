@@ -162,3 +162,55 @@ def test_tools_go_into_the_prompt_and_tool_turns_are_accepted(served):
     assert choice.model_extra["prompt_token_ids"] == server.prompt_ids(messages, tools)
     assert "<tools>" in server.decode(choice.model_extra["prompt_token_ids"])
     assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None  # the tiny model calls no tool
+
+
+def test_an_adapter_swapped_in_mid_stream_serves_new_requests_while_the_stream_finishes_on_its_own(served):
+    import time
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    server, client, _ = served
+    scheduler = server.scheduler
+    old = {k: np.array(v) for k, v in tree_flatten(server.model.trainable_parameters())}
+    new = {k: mx.array(np.random.default_rng(1).normal(size=v.shape).astype(np.float32) * 0.05) for k, v in old.items()}
+    messages = [{"role": "user", "content": "Play tic-tac-toe: your move?"}]
+    version = scheduler.adapter_version + 1
+    # Drive the scheduler deterministically: pause it, let the stream's request arrive, then one step
+    # admits it and samples its first token under the old adapter, and only then the new one swaps in.
+    hold = threading.Event()
+    server.call(hold.wait)
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=40, temperature=0.0, stream=True)))
+    reader.start()
+    deadline = time.time() + 60
+    while not scheduler.waiting and time.time() < deadline:
+        time.sleep(0.01)
+    server.call(lambda: (scheduler.step(), scheduler.set_adapter(version, new)))  # one call: nothing runs between
+    hold.set()
+    reader.join(60)
+    fresh = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, temperature=0.0)
+    # (the opening role chunk goes out before admission and names no version)
+    assert {c.model_extra.get("adapter_version") for c in chunks[1:]} == {version - 1}
+    assert fresh.choices[0].model_extra["adapter_version"] == version
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    def greedy(weights):  # a reply computed from scratch, one full forward per token
+        full, out = server.prompt_ids(messages), []
+        server.model.load_weights([(k, mx.array(v)) for k, v in weights.items()], strict=False)
+        for _ in range(40):
+            out.append(int(mx.argmax(server.model(mx.array([full + out]))[0, -1]).item()))
+            if out[-1] in server.chat.eos_token_ids:
+                break
+        return out
+
+    def references():
+        replies = greedy(old), greedy({k: np.array(v) for k, v in new.items()})
+        scheduler.loaded_version = -1  # the weights were changed behind the scheduler's back
+        scheduler.load_current()
+        return replies
+
+    old_reply, new_reply = server.call(references).result(timeout=60)
+    assert streamed == server.decode([t for t in old_reply if t not in server.chat.eos_token_ids])
+    assert fresh.choices[0].model_extra["token_ids"] == new_reply
