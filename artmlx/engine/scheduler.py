@@ -179,10 +179,17 @@ class Scheduler:
                     future.set_exception(error)
 
     def _step_batch(self, batch: _Batch) -> list[Request]:
+        """Sample a token per row and feed it back. The forward is queued before the host reads the
+        tokens (`mx.async_eval`), so the device computes the next logits while the host does each
+        request's bookkeeping; rows that finished in this step are dropped from its result (their
+        one extra position in the cache goes with them)."""
         self.key, step_key = mx.random.split(self.key)
         temperatures = np.array([r.temperature for r in batch.running], np.float32)
-        tokens, logprobs = _sample(batch.logits, temperatures, step_key)
-        tokens, logprobs = np.array(tokens), np.array(logprobs)
+        sampled, sampled_logprobs = _sample(batch.logits, temperatures, step_key)
+        h = batch.cache.forward(self.engine.parts.trunk, sampled[:, None], mx.ones((len(batch.running),), mx.int32))
+        next_logits = self.engine.parts.head(h[:, -1, :])
+        mx.async_eval(next_logits, sampled, sampled_logprobs)
+        tokens, logprobs = np.array(sampled), np.array(sampled_logprobs)
         finished, keep = [], []
         for row, request in enumerate(batch.running):
             token = int(tokens[row])
@@ -202,17 +209,15 @@ class Scheduler:
         if not keep:
             batch.running, batch.cache, batch.logits = [], None, None
             return done
+        self.decode_forwards += 1
         if finished:
-            batch.cache.select(mx.array(keep))
+            rows = mx.array(keep)
+            batch.cache.select(rows)
             batch.running = [batch.running[row] for row in keep]
-            tokens = tokens[keep]
+            next_logits = next_logits[rows]
             if batch.cache.used > 2 * int(batch.cache.offset.max().item()) + 64:
                 compact(batch.cache)
-        h = batch.cache.forward(self.engine.parts.trunk, mx.array(tokens)[:, None],
-                                mx.ones((len(batch.running),), mx.int32))
-        batch.logits = self.engine.parts.head(h[:, -1, :])
-        mx.eval(batch.logits)
-        self.decode_forwards += 1
+        batch.logits = next_logits  # evaluated by the next step's async_eval, with that step's sampling
         return done
 
     def _admit(self) -> None:
