@@ -160,7 +160,7 @@ class ActorService:
                                          max_prompt_tokens=config.max_episode_tokens,
                                          max_tokens=config.max_episode_tokens, seed=int(self.nonce % 2**31)),
                              train_config=config)
-        return AgentRollouts(server, rollout, scenarios, config.temperature)
+        return AgentRollouts(server, rollout, scenarios, config.temperature, tick=lambda: self.client.pump(0))
 
     def _apply_adapter(self, rollouts, wait: bool, current: int = -1) -> int:
         while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:

@@ -117,6 +117,10 @@ class ActorClient:
         for group_id in list(self.unsent):
             if self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.discard(group_id)
+        message = self.socket.receive(0)  # acks that came while we were busy first: they are not overdue
+        while message is not None:
+            self._handle(message, answer_session)
+            message = self.socket.receive(0)
         overdue = [g for g in self.outbox if now - self.sent_at.get(g, now) > RESEND_AFTER_S]
         if overdue and self.shutdown_reason is None:
             self._resend(overdue)

@@ -102,7 +102,10 @@ def load_scenarios(spec: str) -> list:
 class AgentRollouts:
     """The actor's rollouts when the run names an agent (`rollout`) instead of an environment."""
 
-    def __init__(self, server, rollout: Callable, scenarios: list, temperature: float):
+    def __init__(self, server, rollout: Callable, scenarios: list, temperature: float,
+                 tick: Callable[[], None] | None = None, tick_s: float = 0.5):
+        """`tick` is called every `tick_s` while groups play (the actor's socket: heartbeats and acks must
+        flow while a batch of agents runs for minutes)."""
         import httpx
         import openai
 
@@ -113,6 +116,7 @@ class AgentRollouts:
         self.scenarios = scenarios
         self.temperature = temperature
         self.failures: list[str] = []
+        self.tick, self.tick_s = tick, tick_s
         self.loop = asyncio.new_event_loop()  # one loop for the actor's life: the client's pool lives on it
         asyncio.set_event_loop(self.loop)
         transport = httpx.ASGITransport(app=Api(server).app())
@@ -142,7 +146,17 @@ class AgentRollouts:
         return [group for group in results if group is not None]
 
     async def _groups(self, seeds: list[int], group_size: int, version: int) -> list[Group | None]:
-        return await asyncio.gather(*(self._group(seed, group_size, version) for seed in seeds))
+        ticking = asyncio.ensure_future(self._ticks()) if self.tick else None
+        try:
+            return await asyncio.gather(*(self._group(seed, group_size, version) for seed in seeds))
+        finally:
+            if ticking is not None:
+                ticking.cancel()
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.tick()
 
     async def _group(self, seed: int, group_size: int, version: int) -> Group | None:
         scenario = self.scenario(seed)

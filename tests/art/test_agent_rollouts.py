@@ -64,3 +64,41 @@ def test_rollout_and_scenario_specs_are_checked(tmp_path):
     path.write_text("{oops\n")
     with pytest.raises(ValueError, match="line 1 is not JSON"):
         load_scenarios(str(path))
+
+
+FAILING_AGENT = '''
+import sys
+sys.path.insert(0, {root!r})
+from examples.tictactoe_rollout import rollout as play
+
+async def rollout(client, scenario):
+    if scenario["seed"] % 5 == 0:
+        raise ValueError("the agent's own bug")
+    return await play(client, scenario)
+'''
+
+
+@pytest.mark.slow
+def test_run_with_agent_rollouts_on_two_actors_trains_and_counts_agent_failures(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from artmlx.metrics import read_metrics
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(FAILING_AGENT.format(root=str(Path(__file__).resolve().parents[2])))
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "artmlx", "run", "--actors", "2", "--plain", "--out", str(run), "--steps", "3",
+         "--set", f"rollout={agent}:rollout", "--set", "eval_every=0", "--set", "groups_per_step=4",
+         "--set", "group_size=4", "--set", "actor_groups_per_batch=2"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [r for r in read_metrics(run) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["groups"] == 4 for r in rows)
+    final = read_metrics(run)[-1]
+    assert final["groups_unaccounted"] == 0 and final["groups_rejected"] == 0
+    # about one scenario in five raises in the agent's code: its group is dropped, the actor goes on
+    assert "group dropped: scenario" in result.stdout and "the agent's own bug" in result.stdout
+    assert "rollout " in result.stdout and "0 actor restarts" in result.stdout  # no actor crashed
