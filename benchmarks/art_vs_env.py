@@ -4,9 +4,10 @@ Same budget and algorithm as `artmlx train` with no arguments: 16 groups of 8 ga
 learning rate 1e-4, PPO-clip, advantages not divided by the std (`loss_fn="ppo", scale_rewards=False`),
 temperature 1, 8 reply tokens. The rollout is `examples/tictactoe_rollout.py` (the env's game written
 as an ART agent). Every 10 updates the adapter is evaluated with artmlx's held-out evaluation of the
-`tictactoe` env (200 games, seed 0), the numbers `artmlx train` reports. Writes JSON lines.
+`tictactoe` env (200 games, seed 0), the numbers `artmlx train` reports. Writes OUT/metrics.jsonl in
+the run-folder form, so `artmlx plot OUT RUN_DIR ...` draws it next to `artmlx train` / `run` curves.
 
-    python benchmarks/art_vs_env.py --out benchmarks/results/art-tictactoe-cpu-2core.jsonl
+    python benchmarks/art_vs_env.py --out benchmarks/results/art-curves/art-mlxbackend
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ async def main(steps: int, out: Path) -> None:
         return evaluate(engine, config.eval_episodes, outcomes, config.resolved_eval_temperature(), seed=config.seed)
 
     started = time.perf_counter()
-    with out.open("w") as log:
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "metrics.jsonl").open("w") as log:
         def write(row):
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -63,7 +65,7 @@ async def main(steps: int, out: Path) -> None:
             result = await backend.train(model, groups, learning_rate=config.learning_rate, loss_fn="ppo",
                                          scale_rewards=False, save_checkpoint=False)
             rewards = [t.reward for g in groups for t in g.trajectories]
-            write({"step": result.step, "time": time.perf_counter() - started, "reward": sum(rewards) / len(rewards),
+            write({"step": result.step, "time": time.perf_counter() - started, "reward_mean": sum(rewards) / len(rewards),
                    "refused": result.metrics["trajectories_refused"], "loss": result.metrics.get("loss", 0.0)})
             if result.step % config.eval_every == 0:
                 write({"step": result.step, "time": time.perf_counter() - started, **server.call(run_eval).result()})
@@ -73,6 +75,6 @@ async def main(steps: int, out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/art-tictactoe-cpu-2core.jsonl"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/art-curves/art-mlxbackend"))
     args = parser.parse_args()
     asyncio.run(main(args.steps, args.out))
