@@ -55,6 +55,9 @@ _train_options = [
     click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields."),
     click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder."),
     click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
+    click.option("--rollout", help="Agent instead of env (run, learner): module:function or file.py:function, "
+                                   "an ART-style `async def rollout(client, scenario) -> Trajectory`."),
+    click.option("--scenarios", help="Scenarios for --rollout: a JSONL file or module:name of a list."),
     click.option("--steps", type=int, help="Number of GRPO updates."),
     click.option("--seed", type=int, help="Run seed."),
     click.option("--out", help="Run directory (default runs/<date>-<time>)."),
@@ -72,11 +75,12 @@ def train_options(function):
 
 @cli.command()
 @train_options
-def train(config_file, model, env, steps, seed, out, resume, settings):
+def train(config_file, model, env, rollout, scenarios, steps, seed, out, resume, settings):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
-        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings, resume)
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
+                  "seed": seed, "out": out}
+        config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .train import train as run_training
@@ -103,14 +107,16 @@ def actor_main() -> None:
 @click.option("--insecure", is_flag=True, help="Allow binding a network address without keys.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @train_options
-def learner(bind, keys, insecure, plain, config_file, model, env, steps, seed, out, resume, settings):
+def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scenarios, steps, seed, out, resume,
+            settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
     from .launch import watch_parent
 
     watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
     try:
-        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings, resume)
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
+                  "seed": seed, "out": out}
+        config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .learner.service import LearnerService
@@ -161,11 +167,13 @@ def _devices(text: str | None) -> list[str]:
               help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")
 @click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
 @train_options
-def run(actors, plain, actor_devices, learner_device, config_file, model, env, steps, seed, out, resume, settings):
+def run(actors, plain, actor_devices, learner_device, config_file, model, env, rollout, scenarios, steps, seed, out,
+        resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
-        config = _load_train_config(config_file, {"model": model, "env": env, "steps": steps, "seed": seed,
-                                                  "out": out}, settings, resume)
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
+                  "seed": seed, "out": out}
+        config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .launch import default_actor_count, run_pipeline

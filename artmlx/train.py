@@ -28,7 +28,7 @@ from .rundir import prepare_run_dir
 
 def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     if config.rollout:
-        raise ValueError("rollout agents are played by actors: use `artmlx run --set rollout=...` (or MLXBackend in "
+        raise ValueError("rollout agents are played by actors: use `artmlx run --rollout ...` (or MLXBackend in "
                          "an ART script); `artmlx train` plays environments")
     run_dir = prepare_run_dir(config, resume)
     prefer_training_attention()

@@ -2,10 +2,10 @@
 
 The game is the `tictactoe` environment's (same board text, same random opponent, same rewards), but
 played the way an ART user writes agents: the code calls the chat API and collects the choices in a
-trajectory. It runs under artmlx's actors (`--set rollout=examples/tictactoe_rollout.py:rollout`)
+trajectory. It runs under artmlx's actors (`--rollout examples/tictactoe_rollout.py:rollout`)
 and, through `art_rollout`, under an ART script with `MLXBackend` or any of ART's backends.
 
-    artmlx run --actors 2 --set rollout=examples/tictactoe_rollout.py:rollout
+    artmlx run --actors 2 --rollout examples/tictactoe_rollout.py:rollout
 """
 
 from __future__ import annotations

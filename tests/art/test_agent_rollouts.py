@@ -91,7 +91,7 @@ def test_run_with_agent_rollouts_on_two_actors_trains_and_counts_agent_failures(
     run = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "artmlx", "run", "--actors", "2", "--plain", "--out", str(run), "--steps", "3",
-         "--set", f"rollout={agent}:rollout", "--set", "eval_every=0", "--set", "groups_per_step=4",
+         "--rollout", f"{agent}:rollout", "--set", "eval_every=0", "--set", "groups_per_step=4",
          "--set", "group_size=4", "--set", "actor_groups_per_batch=2"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
