@@ -218,10 +218,22 @@ class Api:
     async def _generate(self, model: str, prompt: list[int], sampling: Sampling, chat: bool):
         if sampling.stream:
             return self._stream(model, prompt, sampling, chat)
-        stop_checks = [self._stopper(sampling) for _ in range(sampling.n)]
-        requests = self._submit(prompt, sampling, on_token=None if not sampling.stop else _dispatch(stop_checks))
+        # Each request resolves its own future from the scheduler's thread when it ends: no thread waits
+        # per request (a thread pool's few workers would hold back answers from hundreds of agents).
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, r.done.wait) for r in requests))
+        one = Sampling(**{**sampling.__dict__, "n": 1})
+        requests, endings = [], []
+        for _ in range(sampling.n):
+            ended, stop_check = loop.create_future(), self._stopper(sampling)
+
+            def on_token(request, ended=ended, stop_check=stop_check):
+                stop_check(request)
+                if request.finish_reason and not loop.is_closed():  # closed: the server is shutting down
+                    loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
+
+            requests += self._submit(prompt, one, on_token)
+            endings.append(ended)
+        await asyncio.gather(*endings)
         failed = [r.error for r in requests if r.error]
         if failed:
             raise ApiError(500, f"generation failed: {failed[0]}", kind="server_error")
@@ -351,13 +363,3 @@ class Api:
                 abandoned[0] = True  # a client that went away stops its requests at their next token
 
         return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def _dispatch(checks):
-    """One on_token for n requests: each request gets its own stop check, by arrival order."""
-    seen: dict[int, int] = {}
-
-    def on_token(request):
-        index = seen.setdefault(id(request), len(seen))
-        checks[index](request)
-    return on_token
