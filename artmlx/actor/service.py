@@ -94,7 +94,7 @@ class ActorService:
             for failure in failures[reported:]:
                 self.say(f"group dropped: {failure}")
             reported = len(failures)
-            self.client.stats = {"rollout_failures": reported,"batches": batches, "groups_per_batch": per_batch,
+            self.client.stats = {"rollout_failures": reported, "batches": batches, "groups_per_batch": per_batch,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
                                  "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
                                  "device": device_description()}

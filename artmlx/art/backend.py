@@ -32,6 +32,7 @@ import asyncio
 import json
 import secrets
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class MLXBackend:
         self.server: ModelServer | None = None
         self.http = None
         self.trainer: GRPOTrainer | None = None
+        self.spec = LoraSpec.from_config(self.config)
         self.model_name = ""
         self.api_key = secrets.token_hex(16)
 
@@ -139,12 +141,9 @@ class MLXBackend:
         return f"http://{self.host}:{self.port}/v1"
 
     def _start(self, model) -> None:
-        import threading
-
         serve = ServeConfig(model=model.base_model, name=model.name, seed=self.config.seed, **self.serve_limits)
         self.server = ModelServer(serve, train_config=self.config)
         self.model_name = model.name
-        self.spec = LoraSpec.from_config(self.config)
         self.trainer = self.server.call(lambda: GRPOTrainer(self.server.model, self.config)).result()
         checkpoint = latest_checkpoint(self._model_dir(model))
         if checkpoint is not None:
@@ -158,7 +157,6 @@ class MLXBackend:
     def _restore(self, checkpoint: Path) -> None:
         load_checkpoint(checkpoint, self.trainer)
         self.server.scheduler.set_adapter_version(self.trainer.step)
-        self.server.step = self.trainer.step
 
     def _settings(self, kwargs: dict) -> dict:
         unknown = sorted(set(kwargs) - _MAPPED - set(_INERT))
@@ -209,7 +207,6 @@ class MLXBackend:
             trainer.step += 1
             stats = {"groups": 0}
         self.server.scheduler.set_adapter_version(trainer.step)
-        self.server.step = trainer.step
         if settings["save_checkpoint"]:
             save_checkpoint(self._model_dir(model), trainer, self.spec, model.base_model,
                             {"seed": self.config.seed}, keep=1 << 30)

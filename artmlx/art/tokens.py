@@ -114,8 +114,7 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         elif prompt[: len(tokens)] == tokens:
             tail = list(prompt[len(tokens):])
         else:
-            first = next(i for i, (a, b) in enumerate(zip(prompt, tokens)) if a != b) if any(
-                a != b for a, b in zip(prompt, tokens)) else min(len(prompt), len(tokens))
+            first = next((i for i, (a, b) in enumerate(zip(prompt, tokens)) if a != b), min(len(prompt), len(tokens)))
             raise TrajectoryRefused(
                 f"{where}: its prompt does not continue the conversation before it (they differ from token {first}: "
                 f"{chat.tokenizer.decode(list(prompt[first:first + 12]))!r} against "

@@ -36,8 +36,8 @@ from typing import Callable
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
+from ..model.policy import adapter_weights, conform_adapter_weights
 from .cache import RaggedCache, compact, join_caches
 from .generate import Engine
 
@@ -80,7 +80,7 @@ class Scheduler:
         self.wakeup = threading.Event()
         self.adapter_version = 0
         # Adapter tensors per version still in use; version 0 is what the model holds now.
-        self.adapters: dict[int, dict[str, mx.array]] = {0: dict(tree_flatten(engine.model.trainable_parameters()))}
+        self.adapters: dict[int, dict[str, mx.array]] = {0: adapter_weights(engine.model)}
         mx.eval(self.adapters)
         self.loaded_version = 0
         self.batches: dict[int, _Batch] = {}  # by version, oldest first
@@ -116,13 +116,7 @@ class Scheduler:
         trainable parameters); running ones keep theirs. Call on the scheduler's thread (`call`)."""
         if version < self.adapter_version or (version == self.adapter_version and version in self.batches):
             raise ValueError(f"adapter version {version} is not newer than {self.adapter_version}, which serves requests")
-        current = self.adapters[self.adapter_version]
-        if set(weights) != set(current):
-            raise ValueError(f"adapter {version}: its tensor names differ from the served model's")
-        for name, value in weights.items():
-            if value.shape != current[name].shape:
-                raise ValueError(f"adapter {version}: {name} has shape {value.shape}, the model's {current[name].shape}")
-        weights = {name: value.astype(current[name].dtype) for name, value in weights.items()}
+        weights = conform_adapter_weights(self.adapters[self.adapter_version], weights)
         mx.eval(weights)
         self.adapters[version] = weights
         self.adapter_version = version
@@ -130,7 +124,7 @@ class Scheduler:
 
     def set_adapter_version(self, version: int) -> None:
         """Record `version` for the adapter the model holds now (weights swapped by the caller)."""
-        self.set_adapter(version, dict(tree_flatten(self.engine.model.trainable_parameters())))
+        self.set_adapter(version, adapter_weights(self.engine.model))
         self.loaded_version = version
 
     @property

@@ -89,18 +89,21 @@ def adapter_weights(model: nn.Module, dtype: mx.Dtype | None = None) -> dict[str
     return weights if dtype is None else {name: value.astype(dtype) for name, value in weights.items()}
 
 
-def set_adapter_weights(model: nn.Module, weights: dict[str, mx.array]) -> None:
-    """Replace the adapter tensors in place (no reload); names and shapes must match exactly.
-
-    Values keep the dtype of the model's own adapters (a bfloat16 broadcast becomes float32 again)."""
-    current = adapter_weights(model)
+def conform_adapter_weights(current: dict[str, mx.array], weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """`weights` checked against `current` (a model's adapter tensors): the same names and shapes exactly,
+    values cast to the model's dtypes (a bfloat16 broadcast becomes float32 again)."""
     if set(weights) != set(current):
         missing, extra = sorted(set(current) - set(weights)), sorted(set(weights) - set(current))
         raise ValueError(f"adapter names differ from the model's: missing {missing[:3]}, unexpected {extra[:3]}")
     for name, value in weights.items():
         if value.shape != current[name].shape:
             raise ValueError(f"adapter {name}: shape {value.shape} != model's {current[name].shape}")
-    model.load_weights([(name, value.astype(current[name].dtype)) for name, value in weights.items()], strict=False)
+    return {name: value.astype(current[name].dtype) for name, value in weights.items()}
+
+
+def set_adapter_weights(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Replace the adapter tensors in place (no reload); names and shapes must match exactly."""
+    model.load_weights(list(conform_adapter_weights(adapter_weights(model), weights).items()), strict=False)
 
 
 def save_adapters(model: nn.Module, folder: Path, spec: LoraSpec, base_model: str) -> None:

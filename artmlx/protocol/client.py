@@ -117,23 +117,24 @@ class ActorClient:
         for group_id in list(self.unsent):
             if self.socket.send(None, frames=self.outbox[group_id]):
                 self.unsent.discard(group_id)
-        message = self.socket.receive(0)  # acks that came while we were busy first: they are not overdue
-        while message is not None:
-            self._handle(message, answer_session)
-            message = self.socket.receive(0)
+        self._receive(0, answer_session)  # acks that came while we were busy first: they are not overdue
         overdue = [g for g in self.outbox if now - self.sent_at.get(g, now) > RESEND_AFTER_S]
         if overdue and self.shutdown_reason is None:
             self._resend(overdue)
-        message = self.socket.receive(timeout_ms)
-        while message is not None:
-            self._handle(message, answer_session)
-            message = self.socket.receive(0)
+        self._receive(timeout_ms, answer_session)
         if self.leave_by is not None and not self.left:
             if not self.outbox or time.monotonic() >= self.leave_by:
                 self.left = True
                 self._heartbeat(leaving=True)
             elif time.monotonic() - max(self.sent_at.values(), default=0.0) >= LEAVE_RESEND_S:
                 self._resend_all()
+
+    def _receive(self, timeout_ms: int, answer_session: bool) -> None:
+        """Handle the first message to arrive within `timeout_ms`, then every one already waiting."""
+        message = self.socket.receive(timeout_ms)
+        while message is not None:
+            self._handle(message, answer_session)
+            message = self.socket.receive(0)
 
     def leave(self) -> None:
         """Once the learner said shutdown: wait (at most `LEAVE_WAIT_S`) until it was told we leave."""

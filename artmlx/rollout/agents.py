@@ -137,7 +137,6 @@ class AgentRollouts:
         """Swap in a new adapter between decode steps (requests in flight finish on theirs); its arrays are
         made on the scheduler's thread, which owns the MLX stream."""
         self.server.call(lambda: self.server.scheduler.set_adapter(version, make_tensors())).result()
-        self.server.step = version
 
     def play(self, seeds: list[int], group_size: int, key=None, policy_version: int = 0) -> list[Group]:
         """Play `group_size` rollouts of each seed's scenario, all concurrently; groups whose rollouts all
