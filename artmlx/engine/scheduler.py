@@ -9,8 +9,11 @@ What a server needs from the engine that environment rollouts (which start a bat
 - a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or
   "length") and its row leaves the cache; holes left behind are compacted away once they outnumber
   the real slots;
-- every sampled token is recorded with its logprob under the tempered distribution it was drawn
-  from (the same rule as `generate.sample_tokens`), per request temperature (0: greedy);
+- every sampled token is recorded with its logprob under the distribution it was drawn from, by
+  the engine's one sampling rule (`sampling.sample`, as rollouts): per request temperature (0:
+  greedy) and `options` (top_p, seed, logit_bias, presence/frequency penalties, top_logprobs),
+  rows with and without options mixed in the one batch; a step whose rows have no options takes
+  the plain path;
 - `on_token(request)` (optional) is called on the scheduler's thread after each new token, for
   streaming; `done` (a threading.Event) is set when the request ends;
 - adapters swap without draining: `set_adapter(version, weights)` makes `version` the one new
@@ -19,6 +22,10 @@ What a server needs from the engine that environment rollouts (which start a bat
   step loads each batch's adapter tensors before its forward (a reference swap of the LoRA arrays,
   no copy). While an old version still has requests, a step costs one forward per version; a
   version's tensors are dropped when its last request ends. Each request records its version;
+- several adapter versions are servable at once: a request may name its `version` (None: the newest).
+  Besides the newest, a version stays servable while it is `kept` (the ART backend keeps recent
+  training steps until ART prunes them) or `hold`-ed (a lease: ART's exact adapter lease, or the
+  base model, `BASE_VERSION`, whose tensors are the adapter with every LoRA B zero);
 - `call(fn)` runs `fn()` on the scheduler's thread between steps (training the served model, or
   loading arrays, must happen on the thread that owns the MLX stream) and returns a Future.
 
@@ -40,6 +47,9 @@ import numpy as np
 from ..model.policy import adapter_weights, conform_adapter_weights
 from .cache import RaggedCache, compact, join_caches
 from .generate import Engine
+from .sampling import Options, sample
+
+BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a request not yet admitted
 
 
 @dataclass
@@ -49,10 +59,14 @@ class Request:
     temperature: float = 1.0
     stop_tokens: frozenset = frozenset()
     on_token: Callable[["Request"], None] | None = None
+    options: Options = field(default_factory=Options)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per token, when `options.top_logprobs` > 0: the most likely (id, logprob) of its distribution."""
     finish_reason: str | None = None
     adapter_version: int = -1
+    version: int | None = None  # the adapter version asked for; None: the newest when admitted
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -83,7 +97,9 @@ class Scheduler:
         self.adapters: dict[int, dict[str, mx.array]] = {0: adapter_weights(engine.model)}
         mx.eval(self.adapters)
         self.loaded_version = 0
-        self.batches: dict[int, _Batch] = {}  # by version, oldest first
+        self.kept: set[int] = set()  # versions servable while idle (beyond the newest)
+        self.holds: collections.Counter[int] = collections.Counter()  # leases: servable while held
+        self.batches: dict[int, _Batch] = {}  # by version
         self.decode_forwards = 0  # one per batch that had running requests in a step: what batching saves
         self.tokens_sampled = 0
 
@@ -98,6 +114,8 @@ class Scheduler:
             raise ValueError(f"the prompt has {len(request.prompt)} tokens, more than {self.max_prompt_tokens}")
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if request.version is not None and request.version not in self.adapters:
+            raise ValueError(f"adapter version {request.version} is not served (served: {self.versions})")
         with self.lock:
             self.waiting.append(request)
         self.wakeup.set()
@@ -120,6 +138,28 @@ class Scheduler:
         mx.eval(weights)
         self.adapters[version] = weights
         self.adapter_version = version
+        self._forget_unused_adapters()
+
+    @property
+    def versions(self) -> list[int]:
+        """The adapter versions a request may ask for now."""
+        return sorted(self.adapters)
+
+    def hold(self, version: int, weights: dict[str, mx.array] | None = None) -> None:
+        """Keep `version` servable until as many `release`s; `weights` adds a version not in memory
+        (loaded from a checkpoint, or the base). Call on the scheduler's thread."""
+        if weights is not None and version not in self.adapters:
+            weights = conform_adapter_weights(self.adapters[self.adapter_version], weights)
+            mx.eval(weights)
+            self.adapters[version] = weights
+        if version not in self.adapters:
+            raise ValueError(f"adapter version {version} is not in memory (served: {self.versions})")
+        self.holds[version] += 1
+
+    def release(self, version: int) -> None:
+        self.holds[version] -= 1
+        if self.holds[version] <= 0:
+            del self.holds[version]
         self._forget_unused_adapters()
 
     def set_adapter_version(self, version: int) -> None:
@@ -157,7 +197,10 @@ class Scheduler:
             self.loaded_version = version
 
     def _forget_unused_adapters(self) -> None:
-        for version in [v for v in self.adapters if v != self.adapter_version and v not in self.batches]:
+        with self.lock:
+            asked = {r.version for r in self.waiting}
+        needed = {self.adapter_version, *self.batches, *self.kept, *self.holds, *asked}
+        for version in [v for v in self.adapters if v not in needed]:
             del self.adapters[version]
 
     def _run_calls(self) -> None:
@@ -179,16 +222,23 @@ class Scheduler:
         one extra position in the cache goes with them)."""
         self.key, step_key = mx.random.split(self.key)
         temperatures = np.array([r.temperature for r in batch.running], np.float32)
-        sampled, sampled_logprobs = _sample(batch.logits, temperatures, step_key)
-        h = batch.cache.forward(self.engine.parts.trunk, sampled[:, None], mx.ones((len(batch.running),), mx.int32))
+        plain = all(r.options.plain for r in batch.running)
+        sampled = sample(batch.logits, temperatures, step_key, None if plain else [r.options for r in batch.running],
+                         None if plain else [r.tokens for r in batch.running])
+        h = batch.cache.forward(self.engine.parts.trunk, sampled.tokens[:, None],
+                                mx.ones((len(batch.running),), mx.int32))
         next_logits = self.engine.parts.head(h[:, -1, :])
-        mx.async_eval(next_logits, sampled, sampled_logprobs)
-        tokens, logprobs = np.array(sampled), np.array(sampled_logprobs)
+        mx.async_eval(next_logits, *(a for a in sampled if a is not None))
+        tokens, logprobs = np.array(sampled.tokens), np.array(sampled.logprobs)
+        top = None if sampled.top_ids is None else (np.array(sampled.top_ids), np.array(sampled.top_logprobs))
         finished, keep = [], []
         for row, request in enumerate(batch.running):
             token = int(tokens[row])
             request.tokens.append(token)
             request.logprobs.append(float(logprobs[row]))
+            if request.options.top_logprobs:
+                k = request.options.top_logprobs
+                request.top_logprobs.append([(int(i), float(v)) for i, v in zip(top[0][row, :k], top[1][row, :k])])
             self.tokens_sampled += 1
             if token in request.stop_tokens:
                 request.finish_reason = "stop"
@@ -218,9 +268,18 @@ class Scheduler:
         with self.lock:
             free = self.max_rows - sum(len(b.running) for b in self.batches.values())
             admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-        if not admitted:
-            return
-        version = self.adapter_version
+        by_version: dict[int, list[Request]] = {}
+        for request in admitted:
+            by_version.setdefault(self.adapter_version if request.version is None else request.version,
+                                  []).append(request)
+        for version, requests in by_version.items():
+            if version not in self.adapters:  # forgotten between submit and admission
+                self._release(requests, f"adapter version {version} is no longer served")
+                continue
+            self._admit_batch(version, requests)
+
+    def _admit_batch(self, version: int, admitted: list[Request]) -> None:
+        """Prefill `admitted` under adapter `version` and join them to that version's batch."""
         try:
             self._load(version)
             side = self.engine.new_cache(len(admitted))
@@ -254,6 +313,10 @@ class Scheduler:
                 except Exception as error:  # the thread's edge: every waiting caller must hear of it
                     self.fail(f"{type(error).__name__}: {error}")
             self._fail_calls("the scheduler stopped")
+            mx.synchronize()
+        # This thread's streams go with it, here rather than in C++ thread-local teardown at process
+        # exit, which races the interpreter's own ("terminate called without an active exception").
+        mx.clear_streams()
 
     def fail(self, reason: str) -> None:
         """End every running request with `reason` (finish_reason "error") and start fresh batches."""
@@ -275,14 +338,3 @@ class Scheduler:
                 request.on_token(request)
             request.done.set()
 
-
-def _sample(logits: mx.array, temperatures: np.ndarray, key: mx.array) -> tuple[mx.array, mx.array]:
-    """One token per row at that row's temperature (0: greedy), with its logprob under the tempered
-    distribution it was drawn from (greedy: the untempered one), as `generate.sample_tokens`."""
-    logits = logits.astype(mx.float32)
-    greedy = mx.array(temperatures == 0)
-    scale = mx.array(np.where(temperatures == 0, 1.0, temperatures))[:, None]
-    scaled = logits / scale
-    logprobs = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
-    tokens = mx.where(greedy, mx.argmax(logprobs, axis=-1), mx.random.categorical(logprobs, key=key))
-    return tokens, mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]

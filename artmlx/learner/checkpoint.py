@@ -7,6 +7,10 @@ set from Python, so the training loop re-seeds it from (seed, step) at every upd
 step in this file are the RNG state. A checkpoint is written into a
 hidden temporary folder, fsynced and renamed into place, so a crash never leaves a half-written one;
 only folders named `step_*` count. Re-saving a step keeps the old folder until the new one is in.
+
+Two layouts name the step folders: artmlx's runs use `step_000020` (`RUN_LAYOUT`), and the ART
+backend uses ART's own `0020` (`ART_LAYOUT`, what `art.utils.get_model_step` reads). Folders sort
+by step number, not by name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import errno
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -27,21 +32,39 @@ STATE_JSON = "trainer_state.json"
 STATE_ARRAYS = "trainer_state.safetensors"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How step folders are named: `prefix` then the step, zero-padded to `width` digits."""
+
+    prefix: str
+    width: int
+
+    def name(self, step: int) -> str:
+        return f"{self.prefix}{step:0{self.width}d}"
+
+    def step_of(self, name: str) -> int | None:
+        digits = name[len(self.prefix):] if name.startswith(self.prefix) else ""
+        return int(digits) if digits.isdigit() else None
+
+
+RUN_LAYOUT = Layout("step_", 6)
+ART_LAYOUT = Layout("", 4)
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
 def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_model: str,
-                    extra: dict | None = None, keep: int = 2) -> Path:
+                    extra: dict | None = None, keep: int = 2, layout: Layout = RUN_LAYOUT) -> Path:
     """Write, fsync, rename into place; the previous checkpoint of this step (if any) goes only after.
 
     A failure (e.g. a full disk) removes the partial folder and re-raises, leaving every earlier
     checkpoint loadable."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{trainer.step:06d}"
-    staging = root / f".tmp_step_{trainer.step:06d}"
-    replaced = root / f".old_step_{trainer.step:06d}"
+    name = layout.name(trainer.step)
+    final, staging, replaced = root / name, root / f".tmp_{name}", root / f".old_{name}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
         save_adapters(trainer.model, staging, spec, base_model)
@@ -62,7 +85,7 @@ def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_mo
     os.replace(staging, final)
     _fsync(root)
     shutil.rmtree(replaced, ignore_errors=True)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    for old in list_checkpoints(run_dir, layout)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -75,19 +98,25 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def list_checkpoints(run_dir: Path) -> list[Path]:
+def list_checkpoints(run_dir: Path, layout: Layout = RUN_LAYOUT) -> list[Path]:
+    """The complete checkpoints, oldest step first."""
     root = checkpoint_dir(run_dir)
     if not root.exists():
         return []
-    for replaced in root.glob(".old_step_*"):  # a crash between the two renames of a re-save
+    for replaced in root.glob(".old_*"):  # a crash between the two renames of a re-save
         final = root / replaced.name.removeprefix(".old_")
-        if not final.exists():
+        if layout.step_of(final.name) is not None and not final.exists():
             os.replace(replaced, final)
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+    steps = {p: layout.step_of(p.name) for p in root.iterdir() if p.is_dir()}
+    return sorted((p for p, step in steps.items() if step is not None), key=steps.get)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = list_checkpoints(run_dir)
+def checkpoint_step(path: Path, layout: Layout = RUN_LAYOUT) -> int:
+    return layout.step_of(Path(path).name)
+
+
+def latest_checkpoint(run_dir: Path, layout: Layout = RUN_LAYOUT) -> Path | None:
+    found = list_checkpoints(run_dir, layout)
     return found[-1] if found else None
 
 

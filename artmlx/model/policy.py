@@ -69,12 +69,25 @@ def attach_lora(model: nn.Module, spec: LoraSpec) -> int:
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     model.freeze()
-    linear_to_lora_layers(model, spec.layers_for(model), spec.mlx_lm_parameters(), use_dora=spec.dora)
+    parameters = spec.mlx_lm_parameters()
+    if spec.keys:
+        parameters["keys"] = expand_lora_keys(model, spec.keys)
+    linear_to_lora_layers(model, spec.layers_for(model), parameters, use_dora=spec.dora)
     count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     if count == 0:
         raise ValueError(f"lora_keys={spec.keys} matched no layer of the model; no parameter is trainable")
     model.eval()  # the new LoRA modules too: sampling never applies LoRA dropout (the trainer turns it on)
     return count
+
+
+def expand_lora_keys(model: nn.Module, keys) -> list[str]:
+    """mlx-lm's keys are module paths inside a layer ("self_attn.q_proj"); a key without a dot is a
+    module name as PEFT's target_modules give it ("q_proj") and stands for every path ending in it."""
+    paths = [path for path, _ in model.layers[-1].named_modules() if path]
+    out = []
+    for key in keys:
+        out += [key] if "." in key else [path for path in paths if path.split(".")[-1] == key]
+    return sorted(set(out))
 
 
 def load_policy(model_name: str, spec: LoraSpec):
@@ -87,6 +100,14 @@ def adapter_weights(model: nn.Module, dtype: mx.Dtype | None = None) -> dict[str
     """The trainable (adapter) tensors by name, cast to `dtype` if given (e.g. to broadcast them smaller)."""
     weights = dict(tree_flatten(model.trainable_parameters()))
     return weights if dtype is None else {name: value.astype(dtype) for name, value in weights.items()}
+
+
+def base_adapter_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Adapter tensors under which a LoRA model computes exactly its base: every `lora_b` zero
+    (y = Wx + s·(xA)B). DoRA rescales by a learned magnitude, so it has no such tensors."""
+    if any(name.endswith(".m") for name in weights):
+        raise ValueError("a DoRA model cannot serve its base through zero adapters")
+    return {name: mx.zeros_like(v) if name.endswith("lora_b") else v for name, v in weights.items()}
 
 
 def conform_adapter_weights(current: dict[str, mx.array], weights: dict[str, mx.array]) -> dict[str, mx.array]:

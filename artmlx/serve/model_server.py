@@ -9,6 +9,7 @@ touches MLX: it submits, and the scheduler's thread tells it of each token and o
 
 from __future__ import annotations
 
+import atexit
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ class ModelServer:
         self._ready.wait()
         if self._error is not None:
             raise self._error
+        # A script that never calls close() (ART's examples don't) must still stop the scheduler's thread
+        # before the interpreter tears MLX down under it, which aborts the process.
+        atexit.register(self.close)
 
     def _serve(self) -> None:
         config = self.config
@@ -110,6 +114,7 @@ class ModelServer:
         return self.tokenizer.decode([token])
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         self._stop.set()
         self._thread.join(timeout=10)
         mx.clear_cache()
