@@ -11,9 +11,10 @@ Everything that generates (environment rollouts, evaluation, and later the serve
 - `decode(cache, logits, key, ...)` samples every row until each has produced a stop token or
   `max_tokens`, one forward per step for the whole batch. The host synchronises at steps 2, 4, 8, ...
   (to stop once every row has ended), never once per token.
-- Sampling is plain temperature sampling; the recorded logprob of a sampled token is its log
-  probability under the tempered distribution it was drawn from, which is what the learner
-  recomputes (temperature 0: greedy, logprob of the untempered distribution).
+- Sampling is plain temperature sampling by `sampling.sample` (the rule the server's scheduler uses
+  too); the recorded logprob of a sampled token is its log probability under the tempered
+  distribution it was drawn from, which is what the learner recomputes (temperature 0: greedy,
+  logprob of the untempered distribution).
 """
 
 from __future__ import annotations
@@ -24,19 +25,14 @@ import numpy as np
 from ..model.parts import model_parts
 from .cache import RaggedCache, make_ragged_cache
 from .memory import MemoryPlan
+from .sampling import sample
 
 
 def sample_tokens(logits: mx.array, temperature: float, key: mx.array) -> tuple[mx.array, mx.array]:
-    """Sample one token per row; return it with its logprob under the tempered distribution."""
-    logits = logits.astype(mx.float32)
-    if temperature == 0:
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        tokens = mx.argmax(logits, axis=-1)
-    else:
-        scaled = logits / temperature
-        logprobs = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
-        tokens = mx.random.categorical(logprobs, key=key)
-    return tokens, mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    """Sample one token per row at one temperature; return it with its logprob under the tempered
+    distribution (the rule of `sampling.sample`, with no options)."""
+    tokens, logprobs = sample(logits, np.full((logits.shape[0],), temperature, np.float32), key)[:2]
+    return tokens, logprobs
 
 
 class Engine:
