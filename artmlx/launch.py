@@ -30,12 +30,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+from .netutil import free_port  # noqa: F401  (re-exported: tests and benchmarks import it here)
 from .config import TrainConfig, config_to_toml
 
 
@@ -71,12 +71,6 @@ def watch_parent(interval_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def default_actor_count() -> int:

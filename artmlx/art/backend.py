@@ -1,34 +1,41 @@
 """`MLXBackend`: OpenPipe ART's `Backend` protocol on MLX, so an ART script trains on a Mac.
 
 Porting an ART script is changing its backend line (`backend = MLXBackend()` instead of
-`LocalBackend()`); the rollouts, `art.TrainableModel`, `gather_trajectory_groups` and
-`backend.train(model, groups, learning_rate=...)` stay as they are.
+`LocalBackend()`); rollouts, `art.TrainableModel`, `gather_trajectory_groups`, `backend.train(model,
+groups, ...)` and ART's `PipelineTrainer` stay as they are (openpipe-art 0.5.18 to 0.5.23).
 
-- `register(model)` records the model under `PATH/PROJECT/models/NAME` (ART's layout);
+- `register(model)` records the model under ART's layout, `PATH/PROJECT/models/RUN_NAME` (0.5.23's
+  `run_name`; `name` on 0.5.18); `path=None` is ART's default (`.art` at the repository root).
   `model.register(backend)` then calls `_prepare_backend_for_training`, which loads
-  `model.base_model` (anything mlx_lm.load takes, or `tiny`) with LoRA adapters into an
-  `artmlx serve` model server on a free loopback port (API key random) and returns its URL and key.
-  If the model's folder has checkpoints, the newest is restored (adapters, AdamW state, step).
-- The server serves `NAME` and `NAME@STEP` (`_model_inference_name`), every choice with its exact
-  token ids, sampler logprobs and prompt ids, so `art.Trajectory`s carry what training needs.
-- `train(model, groups, learning_rate=..., loss_fn=..., ...)` turns each trajectory into one
-  token-exact episode (`tokens.py`; a trajectory that cannot be is left out and its reason
-  printed and counted in `trajectories_refused`), runs one GRPO update (`learner/trainer.py`) on the
-  server's own model between decode steps (one copy of the weights, generation pauses meanwhile),
-  swaps the new adapter in (requests in flight finish on theirs), writes a checkpoint, and returns
-  ART's `TrainResult(step, metrics)`.
-- `_delete_checkpoint_files(model, steps_to_keep)` removes the other checkpoints.
+  `model.base_model` (anything mlx_lm.load takes, or `tiny`) with LoRA adapters (`lora_config`
+  mapped by `arguments.lora_spec`) into an `artmlx serve` model server on a free loopback port (API
+  key random) and returns its URL and key. The newest checkpoint there is restored (adapters, AdamW
+  state, step); a new model gets a step-0 checkpoint, as ART writes one.
+- Served names, as LocalBackend serves them: `NAME@STEP` for the newest step and the `kept_steps`
+  before it (until ART prunes them with `prune_model_adapters`), `NAME` (the newest) and the base
+  model's own name (LoRA off). The inference name moves to a new step only once that step's adapter
+  is served, so requests made while `train` runs never find their model missing.
+- `exact_adapter_lease(model, step)` (and `adapter_lease`) serve exactly that step's adapter while
+  held, loaded from its checkpoint if it is no longer in memory, and pin `model.get_inference_name()`
+  to it, as ART's LocalBackend does; `adapter_retention_lease` keeps it without pinning.
+- `train(model, groups, ...)` turns each trajectory into one token-exact episode (`tokens.py`; a
+  trajectory that cannot be one is left out and its reason counted in `trajectories_refused`), runs
+  one GRPO update (`learner/trainer.py`) on the server's own model between decode steps (one copy of
+  the weights; generation pauses meanwhile), swaps the new adapter in (requests in flight finish on
+  theirs), writes `checkpoints/NNNN` and returns ART's `LocalTrainResult(step, metrics,
+  checkpoint_path)`. Its keyword arguments are mapped, noted or refused by `arguments.py`.
+- `close()`, `async with MLXBackend() as backend`, or interpreter exit stop the server.
 
-ART's arguments map to artmlx's: `loss_fn` "cispo" | "ppo" (-> `objective`), `epsilon` /
-`epsilon_high` (-> `eps_low` / `eps_high`), `scale_rewards` / `normalize_advantages` (-> advantages
-divided by the group's reward std), `kl_penalty_coef` (-> `kl_coef`, a KL to the base model, which
-is ART's reference when no step is named). Arguments artmlx does not implement are refused when set
-to anything but their default. Deviations: SFT (`train_sft`) is not supported; one model per backend.
+Deviations: SFT (`train_sft`) is not supported; one model per backend; ART's own KL-shaped
+advantages are artmlx's KL term in the loss (see `arguments.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import contextvars
 import json
 import secrets
 import shutil
@@ -36,39 +43,44 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import mlx.core as mx
+
 from ..config import TrainConfig, load_config
-from ..launch import free_port
-from ..learner.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from ..learner.checkpoint import (ART_LAYOUT, checkpoint_dir, checkpoint_step, latest_checkpoint, list_checkpoints,
+                                  load_checkpoint, save_checkpoint)
 from ..learner.grpo import LossSettings
 from ..learner.trainer import GRPOTrainer
-from ..model.policy import LoraSpec
+from ..model.policy import ADAPTER_WEIGHTS, LoraSpec
+from ..netutil import free_port
 from ..serve import run_server
 from ..serve.model_server import ModelServer, ServeConfig
 from ..trajectory import Group
+from .arguments import internal_settings, lora_spec, server_settings, train_settings
 from .tokens import TrajectoryRefused, trajectory_episode
 
-_MAPPED = {"learning_rate", "loss_fn", "epsilon", "epsilon_high", "scale_rewards", "normalize_advantages",
-           "kl_penalty_coef", "save_checkpoint", "verbose"}
-# LocalBackend.train arguments artmlx does not implement, with the default under which they do nothing.
-_INERT = {"loss_fn_config": None, "adam_params": None, "kl_penalty_reference_step": None,
-          "kl_ref_adapter_path": None, "advantage_balance": 0.0, "importance_sampling_level": "token",
-          "max_negative_advantage_importance_sampling_weight": None, "mask_prob_ratio": False,
-          "kimi_k2_tau": None, "precalculate_logprobs": False, "allow_training_without_logprobs": False,
-          "plot_tensors": False, "truncated_importance_sampling": None,
-          "scale_learning_rate_by_reward_std_dev": False, "logprob_calculation_chunk_size": 1024,
-          "packed_sequence_length": None, "num_trajectories_learning_rate_multiplier_power": 0.0}
+# Steps pinned by leases in this task (model name -> step): what get_inference_name() returns inside one.
+_pinned: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("artmlx_pinned_steps", default={})
+
+
+def _default_art_path() -> str:
+    from art.utils.output_dirs import get_default_art_path
+
+    return get_default_art_path()
 
 
 class MLXBackend:
-    def __init__(self, path: str = ".art", config: TrainConfig | dict | None = None, host: str = "127.0.0.1",
-                 port: int = 0, max_rows: int = 64, max_prompt_tokens: int = 8192, max_tokens: int = 2048):
-        """`config`: artmlx's training settings (a TrainConfig or a dict of its fields: LoRA layout,
-        temperature, normalisation, memory budget...); `host`/`port`: where the server listens (port
-        0: a free one); `max_rows`: requests decoded together."""
-        self._path = str(path)
+    def __init__(self, path: str | None = None, config: TrainConfig | dict | None = None, host: str = "127.0.0.1",
+                 port: int = 0, max_rows: int = 64, max_prompt_tokens: int = 8192, max_tokens: int = 2048,
+                 kept_steps: int = 8):
+        """`path`: ART's folder (None: ART's default); `config`: artmlx's training settings (a TrainConfig or a
+        dict of its fields: temperature, normalisation, memory budget...); `host`/`port`: where the server
+        listens (port 0: a free one); `max_rows`: requests decoded together; `max_tokens`: the largest
+        max_tokens a request may ask for; `kept_steps`: earlier steps' adapters kept servable."""
+        self._path = str(path) if path is not None else _default_art_path()
         self.config = config if isinstance(config, TrainConfig) else load_config(None, dict(config or {}))
         self.host, self.port = host, port
         self.serve_limits = {"max_rows": max_rows, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens}
+        self.kept_steps = kept_steps
         self.server: ModelServer | None = None
         self.http = None
         self.trainer: GRPOTrainer | None = None
@@ -76,58 +88,113 @@ class MLXBackend:
         self.model_name = ""
         self.api_key = secrets.token_hex(16)
 
+    async def __aenter__(self) -> "MLXBackend":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def __enter__(self) -> "MLXBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+
     # --- ART's Backend protocol -----------------------------------------------------------------
     def _model_dir(self, model) -> Path:
-        return Path(self._path) / model.project / "models" / model.name
+        storage = model._storage_name() if hasattr(model, "_storage_name") else model.name  # run_name on 0.5.23
+        return Path(self._path) / model.project / "models" / storage
 
     async def register(self, model) -> None:
+        self._settings_of(model)  # refuse what cannot be honoured before anything loads
         model.base_path = self._path
         folder = self._model_dir(model)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.json").write_text(json.dumps(model.model_dump(mode="json"), default=str))
 
     def _model_inference_name(self, model, step: int | None = None) -> str:
+        if step is None:
+            step = _pinned.get().get(model.name)
         return f"{model.name}@{self.step if step is None else step}"
 
     async def _get_step(self, model) -> int:
-        return self.step
+        if self.server is not None:
+            return self.step
+        newest = latest_checkpoint(self._model_dir(model), ART_LAYOUT)
+        return 0 if newest is None else checkpoint_step(newest, ART_LAYOUT)
 
     @property
     def step(self) -> int:
-        return self.trainer.step if self.trainer is not None else 0
+        """The newest step served (a step's adapter is served before its name is handed out)."""
+        return self.server.step if self.server is not None else 0
 
     async def _prepare_backend_for_training(self, model, config=None) -> tuple[str, str]:
         if self.server is not None:
             if model.name != self.model_name:
                 raise ValueError(f"this MLXBackend already serves {self.model_name!r}; use one backend per model")
             return self._base_url(), self.api_key
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._start, model)
+        server_args = server_settings(config)
+        self.host = server_args.get("host", self.host)
+        self.port = int(server_args.get("port", self.port))
+        self.api_key = server_args.get("api_key", self.api_key)
+        await asyncio.get_running_loop().run_in_executor(None, self._start, model)
         return self._base_url(), self.api_key
 
-    async def train(self, model, trajectory_groups, **kwargs):
-        from art.types import TrainResult
+    @contextlib.asynccontextmanager
+    async def exact_adapter_lease(self, model, step: int):
+        """While held, `NAME@step` is served with exactly that step's adapter and `model.get_inference_name()`
+        names it."""
+        await self._hold(model, step)
+        token = _pinned.set({**_pinned.get(), model.name: step})
+        try:
+            yield
+        finally:
+            _pinned.reset(token)
+            await self._release(step)
 
-        settings = self._settings(kwargs)
+    adapter_lease = exact_adapter_lease  # LocalBackend's non-exact lease pins a step too; ours is always exact
+
+    @contextlib.asynccontextmanager
+    async def adapter_retention_lease(self, model, step: int):
+        """While held, `NAME@step` stays servable."""
+        await self._hold(model, step)
+        try:
+            yield
+        finally:
+            await self._release(step)
+
+    async def prune_model_adapters(self, model, *, retain_steps: set[int]) -> None:
+        """Forget the served adapters of steps outside `retain_steps` (the newest and leased ones stay)."""
+        if self.server is not None:
+            await asyncio.wrap_future(self.server.call(lambda: self.server.scheduler.keep_only(retain_steps)))
+
+    async def train(self, model, trajectory_groups, **kwargs):
+        from art.types import LocalTrainResult
+
+        settings = train_settings(kwargs, self.config.eps_low, self.config.eps_high)
         groups, refused = self._groups(trajectory_groups)
         if settings["verbose"] or refused:
             for reason in refused[:5]:
                 print(f"MLXBackend: trajectory left out: {reason}", flush=True)
-        loop = asyncio.get_running_loop()
-        future = self.server.call(lambda: self._train_step(model, groups, settings))
-        metrics = await loop.run_in_executor(None, future.result)
+        metrics, saved = await asyncio.wrap_future(
+            self.server.call(lambda: self._train_step(model, groups, settings)))
         metrics["trajectories_refused"] = len(refused)
-        return TrainResult(step=self.step, metrics=metrics)
+        return LocalTrainResult(step=self.step, metrics=metrics, checkpoint_path=saved)
 
     async def _delete_checkpoint_files(self, model, steps_to_keep: list[int]) -> None:
-        for path in list_checkpoints(self._model_dir(model)):
-            if int(path.name.removeprefix("step_")) not in steps_to_keep:
+        for path in list_checkpoints(self._model_dir(model), ART_LAYOUT):
+            if checkpoint_step(path, ART_LAYOUT) not in steps_to_keep:
                 shutil.rmtree(path)
 
     def _train_sft(self, model, trajectories, config, dev_config, verbose: bool = False):
         raise NotImplementedError("MLXBackend trains with RL (train); supervised fine-tuning is not supported")
 
     async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._close)
+
+    # --- the work --------------------------------------------------------------------------------
+    def _close(self) -> None:
+        atexit.unregister(self._close)
         if self.http is not None:
             self.http.should_exit = True
             self.http.thread.join(10)
@@ -136,18 +203,36 @@ class MLXBackend:
             self.server.close()
             self.server = None
 
-    # --- the work --------------------------------------------------------------------------------
     def _base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def _settings_of(self, model) -> tuple[LoraSpec, dict]:
+        """The LoRA layout and server limits this model asks for, or the error naming what is refused."""
+        spec, max_seq = lora_spec(getattr(model, "lora_config", None), LoraSpec.from_config(self.config))
+        internal = internal_settings(getattr(model, "_internal_config", None))
+        limits = dict(self.serve_limits)
+        if internal.get("max_prompt_tokens") or max_seq:
+            limits["max_prompt_tokens"] = int(internal.get("max_prompt_tokens") or max_seq)
+        if internal.get("chat_template_kwargs"):
+            raise ValueError("_internal_config['chat_template_kwargs'] is not wired to the server yet")
+        return spec, limits
+
     def _start(self, model) -> None:
-        serve = ServeConfig(model=model.base_model, name=model.name, seed=self.config.seed, **self.serve_limits)
+        self.spec, limits = self._settings_of(model)
+        self.config = replace(self.config, lora_rank=self.spec.rank, lora_scale=self.spec.scale,
+                              lora_dropout=self.spec.dropout, lora_keys=list(self.spec.keys or []))
+        base_name = model.base_model if model.base_model != model.name else ""
+        serve = ServeConfig(model=model.base_model, name=model.name, base_name=base_name, seed=self.config.seed,
+                            **limits)
         self.server = ModelServer(serve, train_config=self.config)
+        atexit.register(self._close)  # after the server's own: runs first, so HTTP stops before the engine
         self.model_name = model.name
         self.trainer = self.server.call(lambda: GRPOTrainer(self.server.model, self.config)).result()
-        checkpoint = latest_checkpoint(self._model_dir(model))
+        checkpoint = latest_checkpoint(self._model_dir(model), ART_LAYOUT)
         if checkpoint is not None:
             self.server.call(lambda: self._restore(checkpoint)).result()
+        else:  # ART's step 0: the fresh adapter, what an eval at the start and a KL reference of step 0 name
+            self.server.call(lambda: self._save(model)).result()
         self.port = self.port or free_port()
         ready = threading.Event()
         self.http = run_server(self.server, self.host, self.port, self.api_key, ready=ready)
@@ -158,24 +243,27 @@ class MLXBackend:
         load_checkpoint(checkpoint, self.trainer)
         self.server.scheduler.set_adapter_version(self.trainer.step)
 
-    def _settings(self, kwargs: dict) -> dict:
-        unknown = sorted(set(kwargs) - _MAPPED - set(_INERT))
-        if unknown:
-            raise TypeError(f"MLXBackend.train got unexpected arguments {unknown}")
-        active = sorted(name for name, default in _INERT.items() if name in kwargs and kwargs[name] != default)
-        if active:
-            raise ValueError(f"MLXBackend does not implement {active}; leave them at their defaults")
-        loss_fn = kwargs.get("loss_fn", "cispo")
-        if loss_fn not in ("cispo", "ppo"):
-            raise ValueError(f"loss_fn must be 'cispo' or 'ppo', got {loss_fn!r}")
-        scale = kwargs.get("scale_rewards", True) and kwargs.get("normalize_advantages", True)
-        epsilon = kwargs.get("epsilon")
-        epsilon_high = kwargs.get("epsilon_high", epsilon)
-        return {"learning_rate": float(kwargs.get("learning_rate", 5e-6)), "objective": loss_fn,
-                "eps_low": self.config.eps_low if epsilon is None else float(epsilon),
-                "eps_high": self.config.eps_high if epsilon_high is None else float(epsilon_high),
-                "scale_advantages": bool(scale), "kl_coef": float(kwargs.get("kl_penalty_coef", 0.0)),
-                "save_checkpoint": bool(kwargs.get("save_checkpoint", True)), "verbose": bool(kwargs.get("verbose"))}
+    def _save(self, model) -> str:
+        return str(save_checkpoint(self._model_dir(model), self.trainer, self.spec, model.base_model,
+                                   {"seed": self.config.seed}, keep=1 << 30, layout=ART_LAYOUT))
+
+    async def _hold(self, model, step: int) -> None:
+        if self.server is None:
+            raise RuntimeError("register the model with this backend before leasing a step")
+        folder = checkpoint_dir(self._model_dir(model)) / ART_LAYOUT.name(step)
+
+        def hold():
+            scheduler = self.server.scheduler
+            if step in scheduler.adapters:
+                return scheduler.hold(step)
+            if not (folder / ADAPTER_WEIGHTS).exists():
+                raise ValueError(f"step {step} is not served any more and has no checkpoint at {folder}")
+            scheduler.hold(step, dict(mx.load(str(folder / ADAPTER_WEIGHTS))))
+        await asyncio.wrap_future(self.server.call(hold))
+
+    async def _release(self, step: int) -> None:
+        if self.server is not None:
+            await asyncio.wrap_future(self.server.call(lambda: self.server.scheduler.release(step)))
 
     def _groups(self, trajectory_groups) -> tuple[list[Group], list[str]]:
         vocab = self.server.model.args.vocab_size
@@ -191,7 +279,7 @@ class MLXBackend:
                 groups.append(Group(seed=number, episodes=episodes, policy_version=self.step))
         return groups, refused
 
-    def _train_step(self, model, groups: list[Group], settings: dict) -> dict:
+    def _train_step(self, model, groups: list[Group], settings: dict) -> tuple[dict, str | None]:
         """On the scheduler's thread: one GRPO update of the served model, then the new adapter swaps in."""
         trainer = self.trainer
         trainer.config = replace(self.config, objective=settings["objective"], eps_low=settings["eps_low"],
@@ -200,14 +288,14 @@ class MLXBackend:
         trainer.settings = LossSettings(settings["objective"], settings["eps_low"], settings["eps_high"],
                                         settings["kl_coef"])
         trainer.optimizer.learning_rate = settings["learning_rate"]
-        self.server.scheduler.load_current()  # train from the adapter being served
+        scheduler = self.server.scheduler
+        scheduler.load_current()  # train from the adapter being served
         if groups:
             stats = trainer.train_step(groups)
         else:  # nothing trainable: the step still advances, as ART's LocalBackend does
             trainer.step += 1
             stats = {"groups": 0}
-        self.server.scheduler.set_adapter_version(trainer.step)
-        if settings["save_checkpoint"]:
-            save_checkpoint(self._model_dir(model), trainer, self.spec, model.base_model,
-                            {"seed": self.config.seed}, keep=1 << 30)
-        return {name: float(value) for name, value in stats.items() if isinstance(value, (int, float))}
+        scheduler.kept = set(sorted(scheduler.kept | {scheduler.adapter_version})[-self.kept_steps:])
+        scheduler.set_adapter_version(trainer.step)
+        saved = self._save(model) if settings["save_checkpoint"] else None
+        return {name: float(value) for name, value in stats.items() if isinstance(value, (int, float))}, saved

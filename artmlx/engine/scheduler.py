@@ -162,6 +162,11 @@ class Scheduler:
             del self.holds[version]
         self._forget_unused_adapters()
 
+    def keep_only(self, versions) -> None:
+        """Of the kept versions, keep only `versions` (the newest, held and running ones stay regardless)."""
+        self.kept &= set(versions)
+        self._forget_unused_adapters()
+
     def set_adapter_version(self, version: int) -> None:
         """Record `version` for the adapter the model holds now (weights swapped by the caller)."""
         self.set_adapter(version, adapter_weights(self.engine.model))

@@ -18,8 +18,8 @@ import mlx.core as mx
 
 from ..chat import ChatFormat
 from ..engine.generate import Engine
-from ..engine.scheduler import Request, Scheduler
-from ..model.policy import LoraSpec, load_policy, load_policy_with_adapters
+from ..engine.scheduler import BASE_VERSION, Request, Scheduler
+from ..model.policy import LoraSpec, adapter_weights, base_adapter_weights, load_policy, load_policy_with_adapters
 from .tools import ToolCallParser
 
 
@@ -32,7 +32,11 @@ class ServeConfig:
     adapters: str = ""
     """An adapter folder (a run's RUN_DIR/adapters); empty: fresh (zero) LoRA adapters."""
     name: str = ""
-    """The model name clients ask for (default: the base model's name); /v1/models lists NAME@STEP too."""
+    """The model name clients ask for (default: the base model's name): the newest adapter; NAME@STEP names
+    each adapter version still served (the newest, and those kept or held)."""
+    base_name: str = ""
+    """If set, this name serves the base model alone (LoRA off), as ART's LocalBackend serves the base
+    under its Hugging Face name."""
     max_rows: int = 32
     """Requests decoded together at most (the continuous batch)."""
     max_prompt_tokens: int = 4096
@@ -80,6 +84,8 @@ class ModelServer:
             self.tool_parser = ToolCallParser(self.tokenizer)
             self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
                                        max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
+            if config.base_name:
+                self.scheduler.hold(BASE_VERSION, base_adapter_weights(adapter_weights(self.model)))
         except BaseException as error:  # the thread's edge: the constructor re-raises it
             self._error = error
             return
@@ -94,14 +100,29 @@ class ModelServer:
 
     @property
     def model_names(self) -> list[str]:
-        return [self.name, f"{self.name}@{self.step}"]
+        steps = [f"{self.name}@{v}" for v in self.scheduler.versions if v >= 0]
+        return [self.name, *steps, *([self.config.base_name] if self.config.base_name else [])]
+
+    def version_of(self, model: str) -> int | None:
+        """The adapter version a request for `model` is served with (None: the newest); KeyError if this
+        server does not serve that name."""
+        if model == self.name:
+            return None
+        if self.config.base_name and model == self.config.base_name:
+            return BASE_VERSION
+        name, _, step = model.rpartition("@")
+        if name == self.name and step.isdigit() and int(step) in self.scheduler.versions:
+            return int(step)
+        raise KeyError(model)
 
     def prompt_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
         return self.chat.prompt_ids(messages, tools)
 
-    def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None) -> Request:
+    def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None,
+               version: int | None = None) -> Request:
         return self.scheduler.submit(Request(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                                             stop_tokens=frozenset(self.chat.eos_token_ids), on_token=on_token))
+                                             stop_tokens=frozenset(self.chat.eos_token_ids), on_token=on_token,
+                                             version=version))
 
     def call(self, fn):
         """Run `fn()` on the scheduler's thread between decode steps (a concurrent.futures.Future)."""

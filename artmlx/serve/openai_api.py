@@ -57,6 +57,7 @@ class Sampling:
     stream: bool
     tools: list | None = None
     parse_tools: bool = False
+    version: int | None = None  # the adapter version the model name asks for (None: the newest)
 
 
 def _number(body: dict, name: str, default, low, high, kind=float):
@@ -138,6 +139,11 @@ def parse_tools(body: dict, sampling: Sampling, server: ModelServer) -> None:
     sampling.parse_tools = choice != "none"
 
 
+def _version(request) -> int | None:
+    """The adapter version a request was sampled with; None for the base model alone."""
+    return request.adapter_version if request.adapter_version >= 0 else None
+
+
 class Api:
     def __init__(self, server: ModelServer, api_key: str = ""):
         self.server, self.api_key = server, api_key
@@ -161,9 +167,11 @@ class Api:
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         model = body.get("model")
-        if model not in self.server.model_names:
+        try:
+            self.server.version_of(model)
+        except (KeyError, TypeError):
             raise ApiError(404, f"model {model!r} not found; this server has {self.server.model_names}", "model",
-                           kind="not_found_error")
+                           kind="not_found_error") from None
         return body
 
     async def models(self, request: HttpRequest):
@@ -180,6 +188,7 @@ class Api:
             body = await self._body(request)
             messages = parse_messages(body)
             sampling = parse_sampling(body, self.server)
+            sampling.version = self.server.version_of(body["model"])
             parse_tools(body, sampling, self.server)
             prompt = self.server.prompt_ids(messages, sampling.tools)
             return await self._generate(body["model"], prompt, sampling, chat=True)
@@ -191,6 +200,7 @@ class Api:
             self._check(request)
             body = await self._body(request)
             sampling = parse_sampling(body, self.server)
+            sampling.version = self.server.version_of(body["model"])
             prompt = body.get("prompt")
             if isinstance(prompt, str) and prompt:
                 prompt = list(self.server.tokenizer.encode(prompt))
@@ -210,7 +220,7 @@ class Api:
             raise ApiError(400, f"context too long: the prompt has {len(prompt)} tokens, this server takes at most "
                                 f"{limit}", "messages", kind="invalid_request_error")
         try:
-            return [self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token)
+            return [self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token, sampling.version)
                     for _ in range(sampling.n)]
         except ValueError as error:  # the scheduler's own checks
             raise ApiError(400, str(error)) from None
@@ -244,7 +254,7 @@ class Api:
             else "text_completion", "created": int(time.time()), "model": model, "choices": choices,
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
                       "total_tokens": len(prompt) + completion},
-            "prompt_token_ids": prompt, "adapter_version": requests[0].adapter_version})
+            "prompt_token_ids": prompt, "adapter_version": _version(requests[0])})
 
     def _text(self, tokens: list[int]) -> str:
         if tokens and tokens[-1] in self.server.chat.eos_token_ids:
@@ -278,7 +288,7 @@ class Api:
                                     for t, lp in zip(request.tokens, request.logprobs)]}
         choice = {"index": index, "finish_reason": request.finish_reason, "logprobs": logprobs,
                   "token_ids": list(request.tokens), "token_logprobs": list(request.logprobs), "prompt_token_ids": prompt,
-                  "adapter_version": request.adapter_version, "sampling_temperature": request.temperature}
+                  "adapter_version": _version(request), "sampling_temperature": request.temperature}
         if not chat:
             choice["text"] = text
             return choice

@@ -95,10 +95,19 @@ def test_trajectories_that_cannot_be_token_exact_are_refused_with_the_reason(ser
     assert episode.tokens == server.prompt_ids(messages) + plain.model_extra["token_ids"]
 
 
+def trainable(name: str, **kw):
+    """art.TrainableModel on either openpipe-art: 0.5.23 requires run_name (the checkpoint folder)."""
+    if "run_name" in art.TrainableModel.model_fields:
+        kw.setdefault("run_name", f"{name}-run")
+    return art.TrainableModel(name=name, project="demo", base_model="tiny", **kw)
+
+
 def test_art_trainable_model_gather_and_mlx_backend_train_end_to_end(tmp_path):
+    from art.utils.get_model_step import get_model_step
+
     async def main():
         backend = MLXBackend(path=str(tmp_path), config={"lora_rank": 4, "seed": 1})
-        model = art.TrainableModel(name="agent", project="demo", base_model="tiny")
+        model = trainable("agent")
         await model.register(backend)
         assert model.inference_base_url.startswith("http://127.0.0.1:") and model.get_inference_name() == "agent@0"
         client = model.openai_client()
@@ -116,26 +125,35 @@ def test_art_trainable_model_gather_and_mlx_backend_train_end_to_end(tmp_path):
         for _ in range(2):
             groups = await art.gather_trajectory_groups(
                 [art.TrajectoryGroup(rollout() for _ in range(6)) for _ in range(3)], pbar_desc=None)
-            results.append(await backend.train(model, groups, learning_rate=1e-3))
+            # what ART's PipelineTrainer and 2048 pass: memory and disk knobs, accepted
+            results.append(await backend.train(model, groups, learning_rate=1e-3, optimizer_save_interval=5,
+                                               final_training_step=10, grad_accumulation_sequences=4,
+                                               logprob_calculation_chunk_size=8, loss_fn_config=None,
+                                               adam_params=None))
         assert [r.step for r in results] == [1, 2] and await model.get_step() == 2
         assert model.get_inference_name() == "agent@2"
         assert results[-1].metrics["trajectories_refused"] == 0 and results[-1].metrics["grad_norm"] > 0
         after = backend.server.scheduler.adapters[2]
         assert any(not np.array_equal(np.array(before[k]), np.array(after[k])) for k in before)
-        folder = tmp_path / "demo" / "models" / "agent" / "checkpoints"
-        assert sorted(p.name for p in folder.iterdir()) == ["step_000001", "step_000002"]
+        # ART's layout: models/RUN_NAME (0.5.23) or NAME (0.5.18), checkpoints/NNNN with a step 0
+        folder = backend._model_dir(model) / "checkpoints"
+        assert folder.parent.name == getattr(model, "run_name", "agent")
+        assert sorted(p.name for p in folder.iterdir()) == ["0000", "0001", "0002"]
+        assert get_model_step(model, str(tmp_path)) == 2 and results[-1].checkpoint_path == str(folder / "0002")
         await backend._delete_checkpoint_files(model, [2])
-        assert sorted(p.name for p in folder.iterdir()) == ["step_000002"]
-        with pytest.raises(ValueError, match="does not implement"):
-            await backend.train(model, groups, importance_sampling_level="sequence")
+        assert sorted(p.name for p in folder.iterdir()) == ["0002"]
+        with pytest.raises(ValueError, match="does not implement.*truncated_importance_sampling"):
+            await backend.train(model, groups, truncated_importance_sampling=2.0)
+        with pytest.raises(ValueError, match="kl_penalty_source"):
+            await backend.train(model, groups, kl_penalty_coef=0.1, kl_penalty_source="sample")
         await backend.close()
-        # A new backend on the same folder resumes at the last checkpoint.
-        again = MLXBackend(path=str(tmp_path), config={"lora_rank": 4, "seed": 1})
-        resumed = art.TrainableModel(name="agent", project="demo", base_model="tiny")
-        await resumed.register(again)
-        assert await resumed.get_step() == 2 and resumed.get_inference_name() == "agent@2"
-        np.testing.assert_array_equal(np.array(again.server.scheduler.adapters[2][next(iter(after))]),
-                                      np.array(after[next(iter(after))]))
-        await again.close()
+        # A new backend on the same folder resumes at the last checkpoint; `async with` closes it.
+        async with MLXBackend(path=str(tmp_path), config={"lora_rank": 4, "seed": 1}) as again:
+            resumed = trainable("agent")
+            await resumed.register(again)
+            assert await resumed.get_step() == 2 and resumed.get_inference_name() == "agent@2"
+            np.testing.assert_array_equal(np.array(again.server.scheduler.adapters[2][next(iter(after))]),
+                                          np.array(after[next(iter(after))]))
+        assert again.server is None
 
     asyncio.run(main())
