@@ -7,6 +7,12 @@ on, with their sampler logprobs), then for each later choice the part of its pro
 the sequence so far (the template's closing and the messages that came in between: not trained),
 then its tokens, and so on. Messages after the last choice are not part of it.
 
+A trajectory captured by openpipe-art 0.5.23's `art.trajectory(...)` carries `exchanges` instead: each
+chat completions request the rollout made, with its response. Its turns are the responses' choices
+in order (one choice each: with n > 1 which one the conversation continued is unknown), their
+prompts the ids the server fed the model (the response's `prompt_token_ids`), else the request's
+messages and tools rendered again.
+
 Where a choice's numbers come from:
 - tokens and logprobs: the choice's `token_ids` and `token_logprobs` (what `artmlx serve` attaches
   to every choice), else its `logprobs.content` entries in vLLM's `token_id:N` form (what ART's
@@ -85,21 +91,47 @@ def messages_before(items: list) -> list[dict]:
     return messages
 
 
+def _message_turns(trajectory, chat: ChatFormat) -> list[tuple[str, object, object]]:
+    """(where, choice, a function giving its prompt ids if the choice does not carry them) per choice."""
+    items = list(trajectory.messages_and_choices)
+    tools = list(trajectory.tools) if getattr(trajectory, "tools", None) else None
+    return [(f"messages_and_choices[{index}]", item,
+             lambda index=index: chat.prompt_ids(messages_before(items[:index]), tools))
+            for index, item in enumerate(items) if is_choice(item)]
+
+
+def _exchange_turns(exchanges, chat: ChatFormat) -> list[tuple[str, object, object]]:
+    others = [kind for kind in ("completions", "responses", "messages") if getattr(exchanges, kind, None)]
+    if others:
+        raise TrajectoryRefused(f"exchanges of {others}: artmlx trains chat completions exchanges only")
+    turns = []
+    for index, exchange in enumerate(exchanges.chat_completions):
+        where = f"exchanges.chat_completions[{index}]"
+        response, request = exchange.response, dict(exchange.request)
+        if len(response.choices) != 1:
+            raise TrajectoryRefused(f"{where}: {len(response.choices)} choices; which one the conversation "
+                                    "continued is unknown: ask for n=1 inside a captured trajectory")
+        choice = response.choices[0]
+        prompt = _extra(response).get("prompt_token_ids")
+        if prompt and not _extra(choice).get("prompt_token_ids"):
+            choice = type(choice).model_validate({**choice.model_dump(), "prompt_token_ids": prompt})
+        turns.append((where, choice, lambda request=request: chat.prompt_ids(
+            messages_before(list(request.get("messages") or [])), request.get("tools") or None)))
+    return turns
+
+
 def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_size: int) -> Episode:
     """The trajectory's one token sequence, with the policy mask on every sampled token."""
     if getattr(trajectory, "additional_histories", None):
         raise TrajectoryRefused("additional_histories are not supported: artmlx trains one sequence per trajectory")
-    items = list(trajectory.messages_and_choices)
-    tools = list(trajectory.tools) if getattr(trajectory, "tools", None) else None
+    exchanges = getattr(trajectory, "exchanges", None)
+    turns = _exchange_turns(exchanges, chat) if exchanges else _message_turns(trajectory, chat)
     tokens: list[int] = []
     mask: list[bool] = []
     logprobs: list[float] = []
     choices, versions = 0, []
-    for index, item in enumerate(items):
-        if not is_choice(item):
-            continue
+    for where, item, rebuild_prompt in turns:
         choices += 1
-        where = f"messages_and_choices[{index}]"
         sampled, sampled_logprobs = choice_tokens(item, where)
         extra = _extra(item)
         if isinstance(extra.get("adapter_version"), int):
@@ -108,7 +140,7 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         if used is not None and abs(float(used) - temperature) > 1e-6:
             raise TrajectoryRefused(f"{where}: sampled at temperature {used}, the learner's is {temperature}; "
                                     "sample with the training temperature (ART's default is 1.0)")
-        prompt = extra.get("prompt_token_ids") or chat.prompt_ids(messages_before(items[:index]), tools)
+        prompt = extra.get("prompt_token_ids") or rebuild_prompt()
         if not tokens:
             tail = list(prompt)
         elif prompt[: len(tokens)] == tokens:
@@ -124,8 +156,8 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         mask += [False] * len(tail) + [True] * len(sampled)
         logprobs += [0.0] * len(tail) + sampled_logprobs
     if not choices:
-        raise TrajectoryRefused("no chat completion choice in messages_and_choices: append the response's choice "
-                                "(not choice.message) so its tokens are known")
+        raise TrajectoryRefused("no chat completion choice in messages_and_choices and no captured exchange: append "
+                                "the response's choice (not choice.message), or capture with art.trajectory(...)")
     if any(not 0 <= t < vocab_size for t in tokens):
         raise TrajectoryRefused(f"a token id is outside the vocabulary [0, {vocab_size})")
     reward = float(trajectory.reward)
