@@ -4,7 +4,10 @@ Needs the optional extra `artmlx[art]` (the real `openpipe-art` package) only fo
 return type and for ART's own classes in user code; `tokens.py` works on any object of ART's shape.
 """
 
+from . import compat
 from .backend import MLXBackend
 from .tokens import TrajectoryRefused, trajectory_episode
+
+compat.install()  # ART's PipelineTrainer imports art.local.backend, which needs torch only on NVIDIA
 
 __all__ = ["MLXBackend", "TrajectoryRefused", "trajectory_episode"]
