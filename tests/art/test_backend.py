@@ -140,7 +140,9 @@ def test_art_trainable_model_gather_and_mlx_backend_train_end_to_end(tmp_path):
         assert folder.parent.name == getattr(model, "run_name", "agent")
         assert sorted(p.name for p in folder.iterdir()) == ["0000", "0001", "0002"]
         assert get_model_step(model, str(tmp_path)) == 2 and results[-1].checkpoint_path == str(folder / "0002")
-        await backend._delete_checkpoint_files(model, [2])
+        # ART's own logging (parquet) and pruning (polars over history.jsonl): the latest step stays
+        await model.log(groups, split="train")
+        await model.delete_checkpoints()
         assert sorted(p.name for p in folder.iterdir()) == ["0002"]
         with pytest.raises(ValueError, match="does not implement.*truncated_importance_sampling"):
             await backend.train(model, groups, truncated_importance_sampling=2.0)
