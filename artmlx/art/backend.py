@@ -186,6 +186,27 @@ class MLXBackend:
             if checkpoint_step(path, ART_LAYOUT) not in steps_to_keep:
                 shutil.rmtree(path)
 
+    async def _experimental_push_to_s3(self, model, *, s3_bucket: str | None = None, prefix: str | None = None,
+                                       verbose: bool = False, delete: bool = False) -> None:
+        """LocalBackend's S3 backup (ART's own `aws s3 sync` of the model folder, the same layout here)."""
+        from art.utils.s3 import push_model_to_s3
+
+        await push_model_to_s3(model_name=self._model_dir(model).name, project=model.project, s3_bucket=s3_bucket,
+                               prefix=prefix, verbose=verbose, delete=delete, art_path=self._path)
+
+    async def _experimental_pull_from_s3(self, model, *, s3_bucket: str | None = None, prefix: str | None = None,
+                                         verbose: bool = False, delete: bool = False, step: int | None = None,
+                                         exclude: list | None = None, **unsupported) -> None:
+        """LocalBackend's S3 restore of the model folder (call before `register`, which resumes from it)."""
+        from art.utils.s3 import pull_model_from_s3
+
+        if unsupported:
+            raise ValueError(f"_experimental_pull_from_s3: {sorted(unsupported)} are not implemented by MLXBackend "
+                             "(step=N pulls one step)")
+        await pull_model_from_s3(model_name=self._model_dir(model).name, project=model.project, step=step,
+                                 s3_bucket=s3_bucket, prefix=prefix, verbose=verbose, delete=delete,
+                                 art_path=self._path, exclude=exclude)
+
     def _train_sft(self, model, trajectories, config, dev_config, verbose: bool = False):
         raise NotImplementedError("MLXBackend trains with RL (train); supervised fine-tuning is not supported")
 
