@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -282,7 +283,9 @@ def status(address, keys, actor_key, as_json):
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--api-key", default="", envvar="ARTMLX_API_KEY", help="Required bearer key (env ARTMLX_API_KEY).")
 @click.option("--max-rows", type=int, default=32, show_default=True, help="Requests decoded together at most.")
-def serve(model, adapters, name, host, port, api_key, max_rows):
+@click.option("--max-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Largest max_tokens a request may ask for (and the default).")
+def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens):
     """OpenAI-compatible server (chat and completions, exact token ids and logprobs, continuous batching)."""
     from .serve import run_server
     from .serve.model_server import ModelServer, ServeConfig
@@ -290,12 +293,20 @@ def serve(model, adapters, name, host, port, api_key, max_rows):
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         _fail(ValueError(f"refusing to serve on {host} without --api-key (anyone on the network could use it)"))
     try:
-        server = ModelServer(ServeConfig(model=model, adapters=adapters or "", name=name, max_rows=max_rows))
+        server = ModelServer(ServeConfig(model=model, adapters=adapters or "", name=name, max_rows=max_rows,
+                                         max_tokens=max_tokens))
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"serving {server.model_names} on http://{host}:{port}/v1", err=True)
-    run_server(server, host, port, api_key)
-    server.close()
+    # uvicorn shuts down on SIGINT/SIGTERM and then raises the signal again: end here, after the engine stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        run_server(server, host, port, api_key)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        click.echo("server stopped", err=True)
 
 
 @cli.group(name="model")
