@@ -23,7 +23,9 @@ Where a choice's numbers come from:
 
 A trajectory is refused (`TrajectoryRefused`, with the reason) when a choice has no token ids or
 no logprobs, when an id is outside the vocabulary, when a choice was sampled at another temperature
-than the learner's (the importance ratios would compare different distributions), when it has
+than the learner's or with top_p, logit_bias or a penalty (`sampling_modified`, on the choice or
+on its logprob entries, which is where a stream assembler keeps it: the importance ratios would
+compare different distributions), when it has
 `additional_histories`, or when a later prompt does not start with the sequence so far. The last
 happens when the chat template renders an earlier reply differently from the tokens the model
 sampled (tool-call JSON re-serialised, reasoning dropped): ART re-tokenises such turns in place;
@@ -74,6 +76,11 @@ def choice_tokens(choice, where: str) -> tuple[list[int], list[float]]:
     if not all(isinstance(v, (int, float)) and math.isfinite(v) and v <= 0 for v in logprobs):
         raise TrajectoryRefused(f"{where}: its logprobs must be finite and at most 0")
     return list(tokens), [float(v) for v in logprobs]
+
+
+def _entries_modified(choice) -> list[str]:
+    entries = (getattr(choice.logprobs, "content", None) or []) if getattr(choice, "logprobs", None) else []
+    return sorted({name for entry in entries for name in (_extra(entry).get("sampling_modified") or [])})
 
 
 def messages_before(items: list) -> list[dict]:
@@ -136,6 +143,10 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         extra = _extra(item)
         if isinstance(extra.get("adapter_version"), int):
             versions.append(extra["adapter_version"])
+        modified = extra.get("sampling_modified") or _entries_modified(item)
+        if modified:
+            raise TrajectoryRefused(f"{where}: sampled with {', '.join(modified)}, which the learner does not "
+                                    "reproduce (it recomputes logprobs at temperature only); sample without them")
         used = extra.get("sampling_temperature")
         if used is not None and abs(float(used) - temperature) > 1e-6:
             raise TrajectoryRefused(f"{where}: sampled at temperature {used}, the learner's is {temperature}; "
