@@ -33,19 +33,22 @@ class ChatFormat:
         self._reply_tail = rendered[rendered.rindex(_MARK) + len(_MARK) :]
         self._eos_text = {i: tokenizer.decode([i]) for i in self.eos_token_ids}
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None,
+                template_kwargs: dict | None = None) -> str:
         extra = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra, **(template_kwargs or {})
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+    def prompt_ids(self, messages: list[dict], tools: list | None = None,
+                   template_kwargs: dict | None = None) -> list[int]:
         """Ids of the messages (and the tools' descriptions, if any) followed by the assistant generation
-        prompt."""
-        return self.encode(self._render([_template_message(m) for m in messages], True, tools))
+        prompt; `template_kwargs` are extra variables for the template (vLLM's chat_template_kwargs, such
+        as enable_thinking; a template that does not read one renders as without it)."""
+        return self.encode(self._render([_template_message(m) for m in messages], True, tools, template_kwargs))
 
     def continuation_ids(self, new_messages: list[dict], last_reply_token: int | None) -> list[int]:
         """Ids that close the assistant's reply and open the next assistant turn after `new_messages`.

@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from ..chat import ChatFormat
 from ..engine.generate import Engine
+from ..engine.sampling import Options
 from ..engine.scheduler import BASE_VERSION, Request, Scheduler
 from ..model.policy import LoraSpec, adapter_weights, base_adapter_weights, load_policy, load_policy_with_adapters
 from .tools import ToolCallParser
@@ -115,14 +116,15 @@ class ModelServer:
             return int(step)
         raise KeyError(model)
 
-    def prompt_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
-        return self.chat.prompt_ids(messages, tools)
+    def prompt_ids(self, messages: list[dict], tools: list | None = None,
+                   template_kwargs: dict | None = None) -> list[int]:
+        return self.chat.prompt_ids(messages, tools, template_kwargs)
 
     def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None,
-               version: int | None = None) -> Request:
+               version: int | None = None, options: Options | None = None) -> Request:
         return self.scheduler.submit(Request(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                              stop_tokens=frozenset(self.chat.eos_token_ids), on_token=on_token,
-                                             version=version))
+                                             version=version, options=options or Options()))
 
     def call(self, fn):
         """Run `fn()` on the scheduler's thread between decode steps (a concurrent.futures.Future)."""

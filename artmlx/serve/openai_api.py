@@ -1,22 +1,40 @@
 """The OpenAI-compatible HTTP API over a `ModelServer` (Starlette; run by uvicorn in `artmlx serve`).
 
 Routes: GET /v1/models; POST /v1/chat/completions and /v1/completions (non-streaming and SSE
-streaming). Exact tokens: every choice carries `token_ids` (the sampled ids, end-of-turn included),
-the response `prompt_token_ids` and `adapter_version`; with `logprobs: true` each token's sampler
-logprob comes in the OpenAI shape, and with vLLM's `return_tokens_as_token_ids: true` (what ART's
-LocalBackend asks for) each logprob entry's `token` is `token_id:N`. A bad request gets a 4xx with an
-OpenAI-style error body and the server keeps serving.
+streaming). Each route takes exactly its fields, each implemented or refused with a 400 whose `param`
+names it (`params.py` has the table). A bad request gets a 4xx with an OpenAI-style error body and the
+server keeps serving.
 
-Each choice also carries what a trainer needs to check it: `prompt_token_ids` (the prompt as built
-by `ChatFormat.prompt_ids`), `adapter_version` (the adapter it was sampled with: a new adapter swaps
-in between decode steps and running requests finish on theirs) and `sampling_temperature`.
+Exact tokens: every choice carries `token_ids` (the sampled ids, end-of-turn included) and
+`token_logprobs`, and the response and each choice `prompt_token_ids` (the prompt as built by
+`ChatFormat.prompt_ids`, plus a forced call's opening), unless `return_token_ids` is false. With
+`logprobs: true` each token's logprob comes in the OpenAI shape (`top_logprobs` of them: the most
+likely tokens of the same distribution), and with vLLM's `return_tokens_as_token_ids: true` each
+entry's `token` is `token_id:N`; /v1/completions answers an integer `logprobs` with OpenAI's legacy
+object (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`: each token's offset in the
+concatenation of the tokens' texts).
 
-Tools (`tools`, `tool_choice` "auto" or "none"): rendered by the chat template, calls parsed from
-the reply (`tools.py`) into `message.tool_calls` with `finish_reason` "tool_calls". When streaming
-with tools, text that may start a call is held back and the calls come in the last chunk.
+What a trainer needs to check a choice: `adapter_version` (the adapter it was sampled with: a new
+adapter swaps in between decode steps and running requests finish on theirs), `sampling_temperature`
+and `sampling_modified`: which of top_p, logit_bias, presence_penalty, frequency_penalty changed the
+distribution its tokens were drawn from. The logprobs are under that distribution, which a learner
+recomputing under temperature alone cannot reproduce, so artmlx's ART adapter refuses such choices;
+the choice's logprob entries carry `sampling_modified` too, so the mark survives stream assemblers
+that keep only logprob entries and token ids (ART's `consume_chat_completion_stream`).
 
-Not supported, refused with a 400 that says so: `top_logprobs` > 0, `tool_choice` "required" or a
-named function.
+Tools (`tools`, `tool_choice`): rendered by the chat template, calls parsed from the reply
+(`tools.py`) into `message.tool_calls` with `finish_reason` "tool_calls". `tool_choice` "required" or
+a named function puts the template's call opening at the end of the prompt (`tools.call_opening`: for
+Hermes/Qwen `<tool_call>\\n{"name": "X", "arguments": {`; "required" with several tools stops before
+the name); those ids are in `prompt_token_ids`, `token_ids` are the sampled continuation, and the
+message is parsed from opening + continuation. `parallel_tool_calls: false` keeps the first call.
+
+Streaming: a chunk per sampled token per choice, its choice carrying that token's `token_ids` and
+`token_logprobs` (and logprob entry, when asked); the first chunk carries `prompt_token_ids`, the last
+chunk of each choice `adapter_version`, `sampling_temperature` and `sampling_modified`. Text that may
+begin a stop string or a tool call is held back until it cannot; tool calls come in the last chunk.
+With `stream_options.include_usage` every chunk has `usage: null` and a last chunk with no choices
+carries the usage.
 """
 
 from __future__ import annotations
@@ -25,118 +43,16 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import replace
 
+from jinja2 import TemplateError
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .model_server import ModelServer
-from .tools import ToolError, check_tool_calls, check_tools
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": None}}, status_code=self.status)
-
-
-@dataclass
-class Sampling:
-    max_tokens: int
-    temperature: float
-    n: int
-    stop: list[str]
-    logprobs: bool
-    token_ids_as_tokens: bool
-    stream: bool
-    tools: list | None = None
-    parse_tools: bool = False
-    version: int | None = None  # the adapter version the model name asks for (None: the newest)
-
-
-def _number(body: dict, name: str, default, low, high, kind=float):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ApiError(400, f"'{name}' must be a {'whole ' if kind is int else ''}number", name)
-    if not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be between {low} and {high}, got {value}", name)
-    return kind(value)
-
-
-def parse_sampling(body: dict, server: ModelServer) -> Sampling:
-    limit = server.config.max_tokens
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", limit, 1, limit, int)
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "'stop' must be a string or a list of at most 4 non-empty strings", "stop")
-    if body.get("functions"):
-        raise ApiError(400, "'functions' is the deprecated form: send 'tools'", "functions")
-    top = body.get("top_logprobs")
-    if top not in (None, 0):
-        raise ApiError(400, "top_logprobs is not supported (the sampled token's logprob is)", "top_logprobs")
-    logprobs = body.get("logprobs") or False
-    if not isinstance(logprobs, bool):
-        raise ApiError(400, "'logprobs' must be true or false", "logprobs")
-    return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                    n=_number(body, "n", 1, 1, 64, int), stop=stop, logprobs=bool(logprobs),
-                    token_ids_as_tokens=bool(body.get("return_tokens_as_token_ids", False)),
-                    stream=bool(body.get("stream", False)))
-
-
-def parse_messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list", "messages")
-    out = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ApiError(400, f"messages[{index}] needs a role of system, user, assistant or tool", "messages")
-        content = message.get("content") or ""
-        if isinstance(content, list):  # the content-parts form: text parts only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"messages[{index}]: only text content parts are supported", "messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{index}].content must be text", "messages")
-        kept = {"role": message["role"], "content": content}
-        try:
-            if message["role"] == "assistant" and message.get("tool_calls"):
-                kept["tool_calls"] = check_tool_calls(message["tool_calls"], index)
-        except ToolError as error:
-            raise ApiError(400, str(error), "messages") from None
-        for name in ("tool_call_id", "name"):
-            if message["role"] == "tool" and isinstance(message.get(name), str):
-                kept[name] = message[name]
-        out.append(kept)
-    return out
-
-
-def parse_tools(body: dict, sampling: Sampling, server: ModelServer) -> None:
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if not tools:
-        if choice not in (None, "none", "auto"):
-            raise ApiError(400, "'tool_choice' needs 'tools'", "tool_choice")
-        return
-    if not server.tool_parser.available:
-        raise ApiError(400, f"model {server.name!r} has no tool calling in its chat template", "tools")
-    if choice not in (None, "auto", "none"):
-        raise ApiError(400, "tool_choice must be 'auto' or 'none' (forcing a call is not supported)", "tool_choice")
-    try:
-        sampling.tools = check_tools(tools)
-    except ToolError as error:
-        raise ApiError(400, str(error), "tools") from None
-    sampling.parse_tools = choice != "none"
+from .params import ApiError, Sampling, check_fields, parse_messages, parse_sampling, parse_tools
 
 
 def _version(request) -> int | None:
@@ -159,13 +75,14 @@ class Api:
         if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
             raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", kind="authentication_error")
 
-    async def _body(self, request: HttpRequest) -> dict:
+    async def _body(self, request: HttpRequest, chat: bool) -> dict:
         try:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ApiError(400, f"the body is not valid JSON: {error}") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
+        body = check_fields(body, chat)
         model = body.get("model")
         try:
             self.server.version_of(model)
@@ -173,6 +90,11 @@ class Api:
             raise ApiError(404, f"model {model!r} not found; this server has {self.server.model_names}", "model",
                            kind="not_found_error") from None
         return body
+
+    def _sampling(self, body: dict, chat: bool) -> Sampling:
+        sampling = parse_sampling(body, chat, self.server.config.max_tokens, self.server.model.args.vocab_size)
+        sampling.version = self.server.version_of(body["model"])
+        return sampling
 
     async def models(self, request: HttpRequest):
         try:
@@ -185,22 +107,23 @@ class Api:
     async def chat_completions(self, request: HttpRequest):
         try:
             self._check(request)
-            body = await self._body(request)
+            body = await self._body(request, chat=True)
             messages = parse_messages(body)
-            sampling = parse_sampling(body, self.server)
-            sampling.version = self.server.version_of(body["model"])
+            sampling = self._sampling(body, chat=True)
             parse_tools(body, sampling, self.server)
-            prompt = self.server.prompt_ids(messages, sampling.tools)
-            return await self._generate(body["model"], prompt, sampling, chat=True)
+            try:
+                prompt = self.server.prompt_ids(messages, sampling.tools, sampling.template_kwargs)
+            except TemplateError as error:
+                raise ApiError(400, f"the chat template refused these messages: {error}", "messages") from None
+            return await self._generate(body["model"], prompt + sampling.forced_ids, sampling, chat=True)
         except ApiError as error:
             return error.response()
 
     async def completions(self, request: HttpRequest):
         try:
             self._check(request)
-            body = await self._body(request)
-            sampling = parse_sampling(body, self.server)
-            sampling.version = self.server.version_of(body["model"])
+            body = await self._body(request, chat=False)
+            sampling = self._sampling(body, chat=False)
             prompt = body.get("prompt")
             if isinstance(prompt, str) and prompt:
                 prompt = list(self.server.tokenizer.encode(prompt))
@@ -214,14 +137,14 @@ class Api:
         except ApiError as error:
             return error.response()
 
-    def _submit(self, prompt: list[int], sampling: Sampling, on_token=None):
+    def _submit(self, prompt: list[int], sampling: Sampling, index: int, on_token):
         limit = self.server.config.max_prompt_tokens
         if len(prompt) > limit:
             raise ApiError(400, f"context too long: the prompt has {len(prompt)} tokens, this server takes at most "
                                 f"{limit}", "messages", kind="invalid_request_error")
-        try:
-            return [self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token, sampling.version)
-                    for _ in range(sampling.n)]
+        try:  # each choice draws from its own stream of the request's seed
+            return self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token, sampling.version,
+                                      replace(sampling.options, seed_stream=index))
         except ValueError as error:  # the scheduler's own checks
             raise ApiError(400, str(error)) from None
 
@@ -231,9 +154,8 @@ class Api:
         # Each request resolves its own future from the scheduler's thread when it ends: no thread waits
         # per request (a thread pool's few workers would hold back answers from hundreds of agents).
         loop = asyncio.get_running_loop()
-        one = Sampling(**{**sampling.__dict__, "n": 1})
         requests, endings = [], []
-        for _ in range(sampling.n):
+        for index in range(sampling.n):
             ended, stop_check = loop.create_future(), self._stopper(sampling)
 
             def on_token(request, ended=ended, stop_check=stop_check):
@@ -241,58 +163,88 @@ class Api:
                 if request.finish_reason and not loop.is_closed():  # closed: the server is shutting down
                     loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
 
-            requests += self._submit(prompt, one, on_token)
+            requests.append(self._submit(prompt, sampling, index, on_token))
             endings.append(ended)
         await asyncio.gather(*endings)
         failed = [r.error for r in requests if r.error]
         if failed:
             raise ApiError(500, f"generation failed: {failed[0]}", kind="server_error")
         choices = [self._choice(index, r, sampling, chat, prompt) for index, r in enumerate(requests)]
-        completion = sum(len(r.tokens) for r in requests)
-        return JSONResponse({
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "object": "chat.completion" if chat
-            else "text_completion", "created": int(time.time()), "model": model, "choices": choices,
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                      "total_tokens": len(prompt) + completion},
-            "prompt_token_ids": prompt, "adapter_version": _version(requests[0])})
+        response = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                    "model": model, "choices": choices, "usage": _usage(prompt, requests),
+                    "adapter_version": _version(requests[0])}
+        if sampling.return_token_ids:
+            response["prompt_token_ids"] = prompt
+        return JSONResponse(response)
 
-    def _text(self, tokens: list[int]) -> str:
+    def _reply(self, tokens: list[int], sampling: Sampling) -> tuple[str, bool]:
+        """The reply's text (a forced opening, then the sampled tokens without a final end-of-turn token)
+        cut before the first stop string in its sampled part, and whether one was found."""
         if tokens and tokens[-1] in self.server.chat.eos_token_ids:
             tokens = tokens[:-1]
-        return self.server.decode(tokens)
+        text = self.server.decode(sampling.forced_ids + tokens)
+        start = len(sampling.forced_text)
+        cut = min((at for at in (text.find(stop, start) for stop in sampling.stop) if at >= 0), default=-1)
+        return (text[:cut], True) if cut >= 0 else (text, False)
 
     def _stopper(self, sampling: Sampling):
         """An on_token check that ends a request once its text contains a stop string."""
         def check(request):
-            if sampling.stop and any(s in self._text(request.tokens) for s in sampling.stop):
+            if sampling.stop and self._reply(request.tokens, sampling)[1]:
                 request.finish_reason = "stop"
         return check
 
-    def _logprob_entry(self, token: int, logprob: float, sampling: Sampling) -> dict:
-        text = self.server.token_text(token)
-        return {"token": f"token_id:{token}" if sampling.token_ids_as_tokens else text, "logprob": logprob,
-                "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+    def _name(self, token: int, sampling: Sampling) -> str:
+        return f"token_id:{token}" if sampling.token_ids_as_tokens else self.server.token_text(token)
 
-    def _stopped_text(self, request, sampling: Sampling) -> str:
-        text = self._text(request.tokens)
-        for stop in sampling.stop:
-            if stop in text:
-                text = text[: text.index(stop)]
-        return text
+    def _entry(self, token: int, logprob: float, sampling: Sampling) -> dict:
+        text = self.server.token_text(token)
+        return {"token": self._name(token, sampling), "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def _logprobs(self, request, sampling: Sampling, chat: bool, start: int = 0, end: int | None = None):
+        """The logprobs of tokens [start, end) in the route's shape; None when not asked for."""
+        end = len(request.tokens) if end is None else end
+        top = request.top_logprobs[start:end] or [[]] * (end - start)
+        pairs = list(zip(request.tokens[start:end], request.logprobs[start:end], top))
+        modified = request.options.modified
+        if chat and sampling.logprobs:
+            return {"content": [{**self._entry(token, logprob, sampling), "token_id": token,
+                                 "top_logprobs": [self._entry(i, v, sampling) for i, v in most if v > float("-inf")],
+                                 **({"sampling_modified": modified} if modified else {})}
+                                for token, logprob, most in pairs]}
+        if chat or sampling.legacy_logprobs is None:
+            return None
+        offset = sum(len(self.server.token_text(t)) for t in request.tokens[:start])
+        offsets = []
+        for token in request.tokens[start:end]:
+            offsets.append(offset)
+            offset += len(self.server.token_text(token))
+        return {"tokens": [self._name(t, sampling) for t, _, _ in pairs],
+                "token_logprobs": [logprob for _, logprob, _ in pairs],
+                "top_logprobs": [{**{self._name(i, sampling): v for i, v in most if v > float("-inf")},
+                                  self._name(token, sampling): logprob} for token, logprob, most in pairs],
+                "text_offset": offsets}
+
+    def _marks(self, request) -> dict:
+        """What a trainer checks a choice by: its adapter version, temperature, and which options changed
+        the distribution it was sampled from."""
+        return {"adapter_version": _version(request), "sampling_temperature": request.temperature,
+                "sampling_modified": request.options.modified}
 
     def _choice(self, index: int, request, sampling: Sampling, chat: bool, prompt: list[int]) -> dict:
-        text = self._stopped_text(request, sampling)
-        logprobs = None
-        if sampling.logprobs:
-            logprobs = {"content": [self._logprob_entry(t, lp, sampling)
-                                    for t, lp in zip(request.tokens, request.logprobs)]}
-        choice = {"index": index, "finish_reason": request.finish_reason, "logprobs": logprobs,
-                  "token_ids": list(request.tokens), "token_logprobs": list(request.logprobs), "prompt_token_ids": prompt,
-                  "adapter_version": _version(request), "sampling_temperature": request.temperature}
+        text, _ = self._reply(request.tokens, sampling)
+        choice = {"index": index, "finish_reason": request.finish_reason,
+                  "logprobs": self._logprobs(request, sampling, chat)}
+        if sampling.return_token_ids:
+            choice.update(token_ids=list(request.tokens), token_logprobs=list(request.logprobs),
+                          prompt_token_ids=prompt)
+        choice.update(self._marks(request))
         if not chat:
             choice["text"] = text
             return choice
-        reply = self.server.tool_parser.parse(text, sampling.tools) if sampling.parse_tools else None
+        reply = self.server.tool_parser.parse(text, sampling.tools, sampling.parallel_tool_calls) \
+            if sampling.parse_tools else None
         if reply is not None and reply.tool_calls:
             choice["message"] = {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
             if request.finish_reason == "stop":
@@ -300,6 +252,23 @@ class Api:
         else:
             choice["message"] = {"role": "assistant", "content": text}
         return choice
+
+    def _visible(self, request, count: int, finish, sampling: Sampling, chat: bool):
+        """The text of the first `count` tokens that may be sent now, and the tool calls once it ends."""
+        text, stopped = self._reply(request.tokens[:count], sampling)
+        if chat and sampling.parse_tools:
+            if finish:
+                reply = self.server.tool_parser.parse(text, sampling.tools, sampling.parallel_tool_calls)
+                if reply.tool_calls:
+                    return reply.content or "", reply.tool_calls
+                return text, None
+            text = self.server.tool_parser.visible_prefix(text)
+        if not (finish or stopped):  # hold back what may begin a stop string
+            start = len(sampling.forced_text)
+            held = max((k for stop in sampling.stop for k in range(1, len(stop))
+                        if len(text) - k >= start and text.endswith(stop[:k])), default=0)
+            text = text[:len(text) - held]
+        return text, None
 
     def _stream(self, model: str, prompt: list[int], sampling: Sampling, chat: bool) -> StreamingResponse:
         loop = asyncio.get_running_loop()
@@ -316,32 +285,42 @@ class Api:
 
         requests = []
         for index in range(sampling.n):
-            request = self._submit(prompt, Sampling(**{**sampling.__dict__, "n": 1}), on_token)[0]
+            request = self._submit(prompt, sampling, index, on_token)
             index_of[id(request)] = index
             requests.append(request)
         ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        first = [sampling.return_token_ids]
 
-        def chunk(index: int, delta: str | None, finish, logprobs=None, first=False, calls=None) -> str:
-            if chat:
-                content = {"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {})
-                if calls:
-                    content["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-                choice = {"index": index, "delta": content, "finish_reason": finish, "logprobs": logprobs}
-            else:
-                choice = {"index": index, "text": delta or "", "finish_reason": finish, "logprobs": logprobs}
+        def event(choices: list[dict], **extra) -> str:
             data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                    "model": model, "choices": [choice]}
-            if requests[index].adapter_version >= 0:  # known once the request is admitted
-                data["adapter_version"] = requests[index].adapter_version
+                    "model": model, "choices": choices, **extra}
+            if first[0]:  # vLLM's place for the prompt: the first chunk
+                data["prompt_token_ids"], first[0] = prompt, False
+            if sampling.include_usage and "usage" not in data:
+                data["usage"] = None
             return f"data: {json.dumps(data)}\n\n"
 
+        def choice(request, index: int, start: int, count: int, piece: str, finish, calls) -> dict:
+            if chat:
+                delta = {"content": piece} if piece else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+                out = {"index": index, "delta": delta}
+            else:
+                out = {"index": index, "text": piece}
+            out.update(finish_reason=finish, logprobs=self._logprobs(request, sampling, chat, start, count))
+            if sampling.return_token_ids:
+                out.update(token_ids=request.tokens[start:count], token_logprobs=request.logprobs[start:count])
+            return {**out, **(self._marks(request) if finish else {})}
+
         async def events():
-            sent_text = [""] * len(requests)
+            sent_text, sent_tokens = [""] * len(requests), [0] * len(requests)
             open_rows = len(requests)
             try:
                 if chat:
                     for index in range(len(requests)):
-                        yield chunk(index, None, None, first=True)
+                        yield event([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                      "finish_reason": None, "logprobs": None}])
                 while open_rows:
                     request, count, finish = await queue.get()
                     index = index_of[id(request)]
@@ -349,27 +328,25 @@ class Api:
                         yield f"data: {json.dumps({'error': {'message': request.error, 'type': 'server_error'}})}\n\n"
                         open_rows -= 1
                         continue
-                    text = self._text(request.tokens[:count])
-                    calls = None
-                    if chat and sampling.parse_tools:  # hold back what may be a tool call until the end
-                        if finish:
-                            reply = self.server.tool_parser.parse(text, sampling.tools)
-                            calls = reply.tool_calls
-                            if calls:
-                                text = reply.content or ""
-                                finish = "tool_calls" if finish == "stop" else finish
-                        else:
-                            text = self.server.tool_parser.visible_prefix(text)
+                    text, calls = self._visible(request, count, finish, sampling, chat)
                     piece = text[len(sent_text[index]):] if text.startswith(sent_text[index]) else ""
                     sent_text[index] = text if piece else sent_text[index]
-                    token, logprob = request.tokens[count - 1], request.logprobs[count - 1]
-                    logprobs = ({"content": [{**self._logprob_entry(token, logprob, sampling), "token_id": token}]}
-                                if sampling.logprobs else None)
-                    yield chunk(index, piece, finish, logprobs, calls=calls)
+                    start, sent_tokens[index] = sent_tokens[index], count
+                    if calls and finish == "stop":
+                        finish = "tool_calls"
+                    extra = {"adapter_version": request.adapter_version} if request.adapter_version >= 0 else {}
+                    yield event([choice(request, index, start, count, piece, finish, calls)], **extra)
                     if finish:
                         open_rows -= 1
+                if sampling.include_usage:
+                    yield event([], usage=_usage(prompt, requests))
                 yield "data: [DONE]\n\n"
             finally:
                 abandoned[0] = True  # a client that went away stops its requests at their next token
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _usage(prompt: list[int], requests) -> dict:
+    completion = sum(len(r.tokens) for r in requests)
+    return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}

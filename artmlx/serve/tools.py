@@ -9,6 +9,13 @@ XML form and others), and this module turns the text between them into OpenAI `t
 A call the parser cannot read, or one cut off before its end marker, stays in the content as the
 text the model wrote (vLLM's Hermes parser does the same), so the agent sees it and a reward can
 punish it. The sampled tokens are never changed: parsing only decides what the message shows.
+
+Forcing a call (`tool_choice` "required" or a named function): `call_opening` is the text the chat
+template writes before a call's arguments (Hermes: `<tool_call>\n{"name": "X", "arguments": {`),
+found by rendering a call with two different arguments and keeping what they share. The server
+puts its tokens at the end of the prompt, so the model continues a call it cannot avoid; they are
+prompt tokens, not sampled ones. This prompts the call; it does not constrain the arguments (no
+grammar), so a reply that then breaks the call's syntax stays text, as above.
 """
 
 from __future__ import annotations
@@ -45,6 +52,30 @@ def check_tool_calls(calls, index: int) -> list[dict]:
     return calls
 
 
+_NAME = "\u2063ARTMLX-NAME\u2063"
+
+
+def call_opening(tokenizer, start: str, name: str | None) -> str | None:
+    """What a reply that calls `name` starts with, as the template writes calls: from the start marker to
+    where the arguments begin (name None: to where the name begins). None if the template's calls do not
+    take that shape (the name before the arguments)."""
+    def render(function: str, arguments: dict) -> str:
+        call = {"id": "call_0", "type": "function", "function": {"name": function, "arguments": arguments}}
+        return tokenizer.apply_chat_template([{"role": "user", "content": "?"},
+                                              {"role": "assistant", "content": "", "tool_calls": [call]}],
+                                             tokenize=False)
+
+    empty, some = render(name or _NAME, {}), render(name or _NAME, {"a": 0})
+    at = empty.find(name or _NAME)
+    begin = empty.rfind(start, 0, at)
+    if at < 0 or begin < 0:
+        return None
+    if name is None:
+        return empty[begin:at]
+    shared = next((i for i, (a, b) in enumerate(zip(empty, some)) if a != b), min(len(empty), len(some)))
+    return empty[begin:shared] if shared > at + len(name) else None
+
+
 @dataclass
 class Reply:
     content: str | None
@@ -63,7 +94,9 @@ class ToolCallParser:
     def available(self) -> bool:
         return bool(self.start and self.end and self.parse_one)
 
-    def parse(self, text: str, tools: list[dict] | None) -> Reply:
+    def parse(self, text: str, tools: list[dict] | None, parallel: bool = True) -> Reply:
+        """The calls in `text`; `parallel` False keeps the first call only (the text of later calls, and
+        anything after them, is dropped from the message; the sampled tokens keep them)."""
         if not self.available or self.start not in text:
             return Reply(text)
         pieces, calls, rest = [], [], text
@@ -77,6 +110,9 @@ class ToolCallParser:
                 pieces.append(rest[at: close + len(self.end)])
             calls += found or []
             rest = rest[close + len(self.end):]
+            if calls and not parallel:
+                calls, rest = calls[:1], ""
+                break
         pieces.append(rest)
         content = "".join(pieces)
         if not calls:

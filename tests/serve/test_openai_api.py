@@ -114,8 +114,9 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(served):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=9)
-    with pytest.raises(openai.BadRequestError, match="forcing a call is not supported"):
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], tool_choice="required",
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tool_choice={"type": "function", "function": {"name": "g"}},
                                        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     with pytest.raises(openai.BadRequestError, match=r"tools\[0\] must be"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
