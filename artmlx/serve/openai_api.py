@@ -228,9 +228,22 @@ class Api:
 
     def _marks(self, request) -> dict:
         """What a trainer checks a choice by: its adapter version, temperature, and which options changed
-        the distribution it was sampled from."""
-        return {"adapter_version": _version(request), "sampling_temperature": request.temperature,
-                "sampling_modified": request.options.modified}
+        the distribution it was sampled from; and the version again as openpipe-art 0.5.23's policy spans
+        (the prompt's positions 1.. and the completion's, as ART writes them for a step's LoRA), which its
+        PipelineTrainer requires of eval replies. The base model alone has no policy version: no spans."""
+        version = _version(request)
+        marks = {"adapter_version": version, "sampling_temperature": request.temperature,
+                 "sampling_modified": request.options.modified}
+        if version is not None and request.tokens:
+            slot = f"{self.server.name}@{version}"
+
+            def span(start: int, end: int) -> dict:
+                return {"start_token": start, "end_token": end, "generation_id": slot, "policy_version": version,
+                        "lora_slot": slot, "update_seq": version}
+            prompt = len(request.prompt)
+            marks["prompt_policy_token_spans"] = [span(1, prompt)] if prompt > 1 else []
+            marks["policy_token_spans"] = [span(0, len(request.tokens))]
+        return marks
 
     def _choice(self, index: int, request, sampling: Sampling, chat: bool, prompt: list[int]) -> dict:
         text, _ = self._reply(request.tokens, sampling)

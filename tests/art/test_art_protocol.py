@@ -153,3 +153,86 @@ def test_a_script_that_never_closes_its_backend_exits_cleanly(tmp_path):
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
         assert done.returncode == 0, done.stderr[-2000:]
         assert "answered 1" in done.stdout and "terminate called" not in done.stderr
+
+
+def test_art_pipeline_trainer_trains_and_evaluates_on_mlx_backend(tmp_path):
+    """ART's own async PipelineTrainer (rollout workers, training, eval under exact adapter leases) on
+    MLXBackend; ART's art.local.backend imports without torch (artmlx.art.compat)."""
+    from art.pipeline_trainer import PipelineTrainer
+
+    evaluated = []
+
+    async def rollout_fn(model, scenario, _config) -> art.TrajectoryGroup:
+        response = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(), messages=[{"role": "user", "content": scenario}], max_tokens=4, n=4)
+        return art.TrajectoryGroup([
+            art.Trajectory(messages_and_choices=[{"role": "user", "content": scenario}, choice],
+                           reward=float(choice.model_extra["token_ids"][0] % 3)) for choice in response.choices])
+
+    async def eval_fn(model, step, _config) -> list[art.Trajectory]:
+        choice = await ask(model, model.get_inference_name(step))
+        evaluated.append((step, choice.model_extra["adapter_version"]))
+        return [art.Trajectory(messages_and_choices=[*MESSAGES, choice], reward=1.0)]
+
+    async def main():
+        async with MLXBackend(path=str(tmp_path), config={"lora_rank": 4, "seed": 5}) as backend:
+            model = trainable("pipeline")
+            await model.register(backend)
+            trainer = PipelineTrainer(model=model, backend=backend, rollout_fn=rollout_fn,
+                                      scenarios=[f"scenario {i}" for i in range(200)], config=None, eval_fn=eval_fn,
+                                      num_rollout_workers=2, min_batch_size=2, max_batch_size=2, max_steps=3,
+                                      eval_every_n_steps=1, eval_at_start=True, learning_rate=1e-3)
+            await trainer.train(handle_signals=False)
+            assert await model.get_step() == 3
+        return backend
+
+    asyncio.run(main())
+    # every eval ran on exactly the step it names, from the start (step 0) to the end
+    assert evaluated and all(step == version for step, version in evaluated)
+    assert {0, 3} <= {step for step, _ in evaluated}
+
+
+AWS_ON_DISK = '''#!/usr/bin/env python3
+"""The part of the aws CLI that ART's S3 backup runs (s3api head-bucket, s3 sync/cp) over a folder."""
+import os, shutil, sys
+root = os.environ["FAKE_S3_ROOT"]
+args = sys.argv[1:]
+local = lambda uri: os.path.join(root, uri.removeprefix("s3://")) if uri.startswith("s3://") else uri
+if args[:2] == ["s3api", "head-bucket"]:
+    sys.exit(0)
+if args[0] == "s3" and args[1] in ("sync", "cp"):
+    source, destination = local(args[-2]), local(args[-1])
+    if os.path.isdir(source):
+        shutil.copytree(source, destination, dirs_exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        shutil.copy(source, destination)
+    sys.exit(0)
+sys.exit(f"not handled: {args}")
+'''
+
+
+def test_s3_backup_and_restore_use_arts_own_sync(tmp_path, monkeypatch):
+    """LocalBackend's _experimental_push_to_s3 / _experimental_pull_from_s3 (ART's examples call them): ART's
+    own sync code runs the `aws` command; here an on-disk stand-in for S3 answers it (no network)."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "aws").write_text(AWS_ON_DISK)
+    (tools / "aws").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_S3_ROOT", str(tmp_path / "s3"))
+    monkeypatch.setenv("BACKUP_BUCKET", "bucket")
+
+    async def main():
+        async with MLXBackend(path=str(tmp_path / "a"), config={"lora_rank": 4}) as backend:
+            model = trainable("agent")
+            await model.register(backend)
+            await backend.train(model, [await one_group(model)], learning_rate=1e-2)
+            await backend._experimental_push_to_s3(model)
+        async with MLXBackend(path=str(tmp_path / "b"), config={"lora_rank": 4}) as elsewhere:
+            copy = trainable("agent")
+            await elsewhere._experimental_pull_from_s3(copy)
+            await copy.register(elsewhere)
+            assert await copy.get_step() == 1  # resumed from the pulled checkpoint
+
+    asyncio.run(main())
