@@ -83,6 +83,13 @@ def _entries_modified(choice) -> list[str]:
     return sorted({name for entry in entries for name in (_extra(entry).get("sampling_modified") or [])})
 
 
+def _entries_temperature(choice) -> float | None:
+    """The temperature recorded on the logprob entries (what survives ART's stream assembler), if any."""
+    entries = (getattr(choice.logprobs, "content", None) or []) if getattr(choice, "logprobs", None) else []
+    used = {_extra(entry).get("sampling_temperature") for entry in entries} - {None}
+    return max(used) if used else None
+
+
 def messages_before(items: list) -> list[dict]:
     """The chat messages of `items`, each choice as the assistant message the API client resends
     (content and tool calls), as ART's `get_messages` writes them."""
@@ -147,7 +154,7 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
         if modified:
             raise TrajectoryRefused(f"{where}: sampled with {', '.join(modified)}, which the learner does not "
                                     "reproduce (it recomputes logprobs at temperature only); sample without them")
-        used = extra.get("sampling_temperature")
+        used = extra.get("sampling_temperature", _entries_temperature(item))
         if used is not None and abs(float(used) - temperature) > 1e-6:
             raise TrajectoryRefused(f"{where}: sampled at temperature {used}, the learner's is {temperature}; "
                                     "sample with the training temperature (ART's default is 1.0)")

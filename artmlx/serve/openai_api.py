@@ -19,7 +19,7 @@ adapter swaps in between decode steps and running requests finish on theirs), `s
 and `sampling_modified`: which of top_p, logit_bias, presence_penalty, frequency_penalty changed the
 distribution its tokens were drawn from. The logprobs are under that distribution, which a learner
 recomputing under temperature alone cannot reproduce, so artmlx's ART adapter refuses such choices;
-the choice's logprob entries carry `sampling_modified` too, so the mark survives stream assemblers
+the choice's logprob entries carry `sampling_modified` and `sampling_temperature` too, so the marks survive stream assemblers
 that keep only logprob entries and token ids (ART's `consume_chat_completion_stream`).
 
 Tools (`tools`, `tool_choice`): rendered by the chat template, calls parsed from the reply
@@ -211,6 +211,7 @@ class Api:
         if chat and sampling.logprobs:
             return {"content": [{**self._entry(token, logprob, sampling), "token_id": token,
                                  "top_logprobs": [self._entry(i, v, sampling) for i, v in most if v > float("-inf")],
+                                 "sampling_temperature": request.temperature,
                                  **({"sampling_modified": modified} if modified else {})}
                                 for token, logprob, most in pairs]}
         if chat or sampling.legacy_logprobs is None:

@@ -288,8 +288,9 @@ def test_a_streamed_choice_assembled_by_art_is_a_trainable_choice(served):
 
     async def both(**extra):  # a client per event loop
         client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120)
-        stream = await client.chat.completions.create(stream=True, **ask, **extra)
-        return await consume_chat_completion_stream(stream), await client.chat.completions.create(**ask, **extra)
+        request = {**ask, **extra}
+        stream = await client.chat.completions.create(stream=True, **request)
+        return await consume_chat_completion_stream(stream), await client.chat.completions.create(**request)
 
     streamed, whole = asyncio.run(both())
     choice = streamed.choices[0]
@@ -302,6 +303,13 @@ def test_a_streamed_choice_assembled_by_art_is_a_trainable_choice(served):
     trajectory = art.Trajectory(messages_and_choices=[*STORY, choice], reward=1.0)
     episode = trajectory_episode(trajectory, server.chat, 1.0, server.model.args.vocab_size)
     assert episode.tokens[-len(tokens):] == tokens
+    # Sampled at another temperature than the learner's: refused, streamed (the mark survives on the logprob
+    # entries, where ART's stream assembler keeps it) or not.
+    streamed, whole = asyncio.run(both(temperature=0.7))
+    for choice in (streamed.choices[0], whole.choices[0]):
+        with pytest.raises(TrajectoryRefused, match="temperature 0.7"):
+            trajectory_episode(art.Trajectory(messages_and_choices=[*STORY, choice], reward=1.0), server.chat, 1.0,
+                               server.model.args.vocab_size)
     # A choice drawn with top_p is refused for training, streamed (the mark is on its logprob entries) or not.
     streamed, whole = asyncio.run(both(top_p=0.9))
     for choice in (streamed.choices[0], whole.choices[0]):
