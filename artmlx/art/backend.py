@@ -235,7 +235,7 @@ class MLXBackend:
         if internal.get("max_prompt_tokens") or max_seq:
             limits["max_prompt_tokens"] = int(internal.get("max_prompt_tokens") or max_seq)
         if internal.get("chat_template_kwargs"):
-            raise ValueError("_internal_config['chat_template_kwargs'] is not wired to the server yet")
+            limits["chat_template_kwargs"] = internal["chat_template_kwargs"]
         return spec, limits
 
     def _start(self, model) -> None:

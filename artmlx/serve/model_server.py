@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -46,6 +46,8 @@ class ServeConfig:
     """Largest max_tokens a request may ask for (and the default)."""
     seed: int = 0
     """Sampling seed of the scheduler."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Variables every prompt's chat template gets (a request's own chat_template_kwargs override them)."""
 
 
 class ModelServer:
@@ -118,7 +120,7 @@ class ModelServer:
 
     def prompt_ids(self, messages: list[dict], tools: list | None = None,
                    template_kwargs: dict | None = None) -> list[int]:
-        return self.chat.prompt_ids(messages, tools, template_kwargs)
+        return self.chat.prompt_ids(messages, tools, {**self.config.chat_template_kwargs, **(template_kwargs or {})})
 
     def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None,
                version: int | None = None, options: Options | None = None) -> Request:

@@ -117,9 +117,11 @@ def test_lora_config_and_internal_config_are_mapped_or_refused(tmp_path):
             if "lora_config" in art.TrainableModel.model_fields else {}
         async with MLXBackend(path=str(tmp_path)) as backend:
             model = trainable("agent", **kw)
-            model._internal_config = {"init_args": {"max_seq_length": 1500}, "engine_args": {"enforce_eager": True}}
+            model._internal_config = {"init_args": {"max_seq_length": 1500}, "engine_args": {"enforce_eager": True},
+                                      "chat_template_kwargs": {"enable_thinking": False}}
             await model.register(backend)
             assert backend.server.config.max_prompt_tokens == 1500
+            assert backend.server.config.chat_template_kwargs == {"enable_thinking": False}
             if kw:
                 names = set(backend.server.scheduler.adapters[0])
                 assert names and all(".q_proj." in n or ".v_proj." in n for n in names)
