@@ -197,7 +197,7 @@ class MLXBackend:
     async def _experimental_pull_from_s3(self, model, *, s3_bucket: str | None = None, prefix: str | None = None,
                                          verbose: bool = False, delete: bool = False, step: int | None = None,
                                          exclude: list | None = None, **unsupported) -> None:
-        """LocalBackend's S3 restore of the model folder (call before `register`, which resumes from it)."""
+        """LocalBackend's S3 restore of the model folder; a newer step pulled after `register` is restored at once."""
         from art.utils.s3 import pull_model_from_s3
 
         if unsupported:
@@ -206,6 +206,10 @@ class MLXBackend:
         await pull_model_from_s3(model_name=self._model_dir(model).name, project=model.project, step=step,
                                  s3_bucket=s3_bucket, prefix=prefix, verbose=verbose, delete=delete,
                                  art_path=self._path, exclude=exclude)
+        newest = latest_checkpoint(self._model_dir(model), ART_LAYOUT)
+        if self.server is not None and newest is not None and checkpoint_step(newest, ART_LAYOUT) > self.step:
+            # pulled after register (as ART's 2048 example does): serve and train from the pulled step
+            await asyncio.wrap_future(self.server.call(lambda: self._restore(newest)))
 
     def _train_sft(self, model, trajectories, config, dev_config, verbose: bool = False):
         raise NotImplementedError("MLXBackend trains with RL (train); supervised fine-tuning is not supported")

@@ -236,5 +236,10 @@ def test_s3_backup_and_restore_use_arts_own_sync(tmp_path, monkeypatch):
             await elsewhere._experimental_pull_from_s3(copy)
             await copy.register(elsewhere)
             assert await copy.get_step() == 1  # resumed from the pulled checkpoint
+        async with MLXBackend(path=str(tmp_path / "c"), config={"lora_rank": 4}) as late:
+            copy = trainable("agent")
+            await copy.register(late)  # ART's 2048 example registers first, then pulls
+            await late._experimental_pull_from_s3(copy)
+            assert await copy.get_step() == 1 and copy.get_inference_name() == "agent@1"
 
     asyncio.run(main())
