@@ -218,7 +218,7 @@ async def main() -> None:
             }
         }
 
-    backend = MLXBackend()
+    backend = MLXBackend(path=art_path)
     model = art.TrainableModel(
         run_name=model_name,
         name=model_name,
