@@ -11,7 +11,8 @@ message or its ack may have died with a connection: a cut link, a reset); the le
 copy of a consumed group with `duplicate` and ignores a copy of one it holds. On shutdown (the
 learner first acknowledges every group it will not train) the actor resends what is still
 unacknowledged every `LEAVE_RESEND_S`, up to `LEAVE_WAIT_S`, before it says it is leaving, so acks
-lost on the way (a reset link) do not remain in its count. Adapter updates are conflated:
+lost on the way (a reset link) do not remain in its count; an actor that stops on its own waits
+(as long) for its groups' acks or the learner's shutdown, then says it is leaving. Adapter updates are conflated:
 only the newest is kept.
 """
 
@@ -137,9 +138,19 @@ class ActorClient:
             message = self.socket.receive(0)
 
     def leave(self) -> None:
-        """Once the learner said shutdown: wait (at most `LEAVE_WAIT_S`) until it was told we leave."""
+        """Once the learner said shutdown: wait (at most `LEAVE_WAIT_S`) until it was told we leave.
+
+        Stopping on our own (a signal): first wait, at most `LEAVE_WAIT_S`, until what we sent is
+        acknowledged or the learner says shutdown (on Ctrl-C it is stopping too), so the ledger
+        settles; then say we leave, with the final counts."""
+        deadline = time.monotonic() + LEAVE_WAIT_S
+        while self.leave_by is None and self.outbox and self.session is not None and time.monotonic() < deadline:
+            self.pump(50)
         while self.leave_by is not None and not self.left:
             self.pump(50)
+        if not self.left and self.session is not None:
+            self.left = True
+            self._heartbeat(leaving=True)
 
     def _handle(self, message, answer_session: bool) -> None:
         if isinstance(message, Welcome):

@@ -17,7 +17,8 @@
   which it says hello again and resends its unacknowledged groups.
 - shutdown(): actors are told to stop and must confirm (a heartbeat with `leaving`, carrying their
   final counts for `ledger()`) before the learner closes its socket; until then any message from
-  them is answered with shutdown again.
+  them is answered with shutdown again. An actor that stops on its own (a signal) says `leaving`
+  too and is let go at once, so a shutdown does not wait for it.
 - publish(): one encoding of the adapter, sent to every live actor without blocking; an actor whose
   queue was full gets it on its next heartbeat.
 
@@ -181,6 +182,9 @@ class LearnerHub:
                 self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
+            return None
+        if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
+            self._depart(identity, typed_stats(message.stats))  # it stops on its own (a signal): let it go now
             return None
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
