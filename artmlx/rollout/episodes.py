@@ -8,7 +8,8 @@ Transcripts are token ids appended as sampled, never re-tokenised text.
 
 With a memory plan, at most `max_rows` episodes are played at once (the KV cache rule in
 `engine/memory.py`); more groups than fit are played in successive batches, each with its own
-split of the sampling key.
+split of the sampling key. `tick`, if given, is called between turns (an actor reads its socket
+there); when it returns True the batch is abandoned and `play` returns no groups.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class _Live:
 
 class EpisodeRollouts:
     def __init__(self, model, tokenizer, make_env: Callable[[], Env], sampling: SamplingParams,
-                 plan: MemoryPlan | None = None):
+                 plan: MemoryPlan | None = None, tick: Callable[[], bool] | None = None):
         self.engine = Engine(model, plan)
+        self.tick = tick
         self.chat = ChatFormat(tokenizer)
         self.make_env = make_env
         self.sampling = sampling
@@ -85,7 +87,10 @@ class EpisodeRollouts:
         groups = []
         for start in range(0, len(seeds), per_batch):
             key, batch_key = mx.random.split(key)
-            groups += self._play_batch(seeds[start : start + per_batch], group_size, batch_key, policy_version)
+            batch = self._play_batch(seeds[start : start + per_batch], group_size, batch_key, policy_version)
+            if not batch:  # abandoned (tick)
+                return []
+            groups += batch
         return groups
 
     def _play_batch(self, seeds: list[int], group_size: int, key: mx.array, policy_version: int) -> list[Group]:
@@ -114,6 +119,8 @@ class EpisodeRollouts:
 
         active = list(range(len(live)))
         for turn in range(sampling.max_turns):
+            if self.tick is not None and self.tick():
+                return []
             key, turn_key = mx.random.split(key)
             tokens, logprobs, valid = engine.decode(cache, logits, turn_key, temperature=sampling.temperature,
                                                     max_tokens=sampling.max_reply_tokens,
