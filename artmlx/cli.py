@@ -12,7 +12,14 @@ import click
 
 
 def _fail(error: Exception) -> None:
-    raise click.ClickException(str(error))
+    """Exit with the error's message: status 2 when the run's agent code or scenarios cannot be loaded."""
+    from .launch import EXIT_UNUSABLE
+    from .rollout.agent_code import RolloutLoadError
+
+    failure = click.ClickException(str(error))
+    if isinstance(error, RolloutLoadError):
+        failure.exit_code = EXIT_UNUSABLE
+    raise failure
 
 
 def _entry(command, prog_name: str | None = None) -> None:
@@ -57,8 +64,11 @@ _train_options = [
     click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder."),
     click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
     click.option("--rollout", help="Agent instead of env (run, learner): module:function or file.py:function, "
-                                   "an ART-style `async def rollout(client, scenario) -> Trajectory`."),
+                                   "ART's `async def rollout(model, scenario) -> Trajectory` or "
+                                   "`async def rollout(client, scenario)` with an openai client."),
     click.option("--scenarios", help="Scenarios for --rollout: a JSONL file or module:name of a list."),
+    click.option("--eval-scenarios", help="Held-out scenarios the learner evaluates a --rollout agent on "
+                                          "(JSONL or module:name); without them an agent run is not evaluated."),
     click.option("--steps", type=int, help="Number of GRPO updates."),
     click.option("--seed", type=int, help="Run seed."),
     click.option("--out", help="Run directory (default runs/<date>-<time>)."),
@@ -76,11 +86,11 @@ def train_options(function):
 
 @cli.command()
 @train_options
-def train(config_file, model, env, rollout, scenarios, steps, seed, out, resume, settings):
+def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
-                  "seed": seed, "out": out}
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
+                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
         config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
@@ -108,15 +118,15 @@ def actor_main() -> None:
 @click.option("--insecure", is_flag=True, help="Allow binding a network address without keys.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @train_options
-def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scenarios, steps, seed, out, resume,
-            settings):
+def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed,
+            out, resume, settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
     from .launch import watch_parent
 
     watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
-                  "seed": seed, "out": out}
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
+                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
         config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
@@ -139,18 +149,22 @@ def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scena
 @click.option("--host-label", default="", help="Host name the learner shows and sums by (default: the machine's).")
 def actor(connect, name, keys, actor_key, memory_budget_gb, host_label):
     """An actor process: samples groups with the learner's current adapter and streams them to it."""
-    from .launch import watch_parent
+    from .launch import EXIT_ROLLOUTS_FAILING, watch_parent
     from .protocol.client import ActorRefused
 
     watch_parent()
 
     try:
         from .actor.service import ActorService
+        from .rollout.agents import RolloutsFailing
 
         if memory_budget_gb < 0:
             raise ValueError(f"--memory-budget-gb must be >= 0, got {memory_budget_gb}")
-        ActorService(connect, name, Path(keys) if keys else None, actor_key, memory_budget_gb=memory_budget_gb,
-                     host=host_label).run()
+        try:
+            ActorService(connect, name, Path(keys) if keys else None, actor_key, memory_budget_gb=memory_budget_gb,
+                         host=host_label).run()
+        except RolloutsFailing:  # the actor said why
+            sys.exit(EXIT_ROLLOUTS_FAILING)
     except ActorRefused as refused:
         raise click.ClickException(f"the learner refused this actor: {refused}")
     except (ValueError, FileNotFoundError) as error:
@@ -168,19 +182,21 @@ def _devices(text: str | None) -> list[str]:
               help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")
 @click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
 @train_options
-def run(actors, plain, actor_devices, learner_device, config_file, model, env, rollout, scenarios, steps, seed, out,
-        resume, settings):
+def run(actors, plain, actor_devices, learner_device, config_file, model, env, rollout, scenarios, eval_scenarios,
+        steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios, "steps": steps,
-                  "seed": seed, "out": out}
+        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
+                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
         config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .launch import default_actor_count, run_pipeline
+        from .rollout.agent_code import check_agent
 
         if actors is not None and actors < 1:
             raise ValueError(f"--actors must be >= 1, got {actors}")
+        check_agent(config)  # the user's code, once, before any process starts
         devices = _devices(actor_devices)
         code = run_pipeline(config, actors or (len(devices) if devices else default_actor_count()), resume, plain,
                             devices, learner_device)

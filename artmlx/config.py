@@ -23,10 +23,13 @@ class TrainConfig:
     env_args: dict = field(default_factory=dict)
     """Keyword options for the environment's constructor, e.g. `{opponent = "perfect"}`."""
     rollout: str = ""
-    """Agent instead of environment on actors: `module:function` or `file.py:function` naming an ART-style
-    `async def rollout(client, scenario) -> Trajectory` (`rollout/agents.py`). `env` still evaluates."""
+    """Agent instead of environment on actors: `module:function` or `file.py:function` naming an ART-style `async def rollout(model, scenario) -> Trajectory` (ART's signature: `model` is an `AgentModel`) or `async def rollout(client, scenario)` (an `openai.AsyncOpenAI` client); the first parameter's name or annotation decides (`rollout/agent_code.py`). `env` is then not used."""
     scenarios: str = ""
     """Scenarios for `rollout`: a JSONL file or `module:name` of a list (empty: `{"seed": seed}` per group)."""
+    eval_scenarios: str = ""
+    """Held-out scenarios for `rollout` (JSONL or `module:name`): the learner evaluates the agent itself on each of them once, every `eval_every` updates; empty: an agent run is not evaluated."""
+    rollout_failure_limit: int = 32
+    """Agent rollouts: an actor stops (exit status 3, reporting the function, its signature and the first error) after this many failed rollouts in a row (an exception in the agent's code, or a trajectory that cannot be trained token-exactly); 0 = never. `artmlx run` ends when every actor has stopped."""
     seed: int = 0
     """Seed for task selection, sampling and LoRA initialisation."""
     steps: int = 50
@@ -111,7 +114,7 @@ class TrainConfig:
     eval_every: int = 10
     """Evaluate every this many updates (and before the first and after the last); 0 disables."""
     eval_episodes: int = 200
-    """Episodes per evaluation, on held-out seeds."""
+    """Episodes per evaluation, on held-out seeds (an agent run plays each of `eval_scenarios` once instead)."""
     eval_temperature: float = -1.0
     """Sampling temperature for evaluation; negative means the training temperature."""
     checkpoint_every: int = 20
@@ -157,7 +160,7 @@ CHOICES = {
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 
@@ -206,6 +209,8 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise ValueError(f"config field 'rollout' must be module:function or file.py:function, got {config.rollout!r}")
     if config.scenarios and not config.rollout:
         raise ValueError("config field 'scenarios' needs 'rollout' (environments choose their own tasks)")
+    if config.eval_scenarios and not config.rollout:
+        raise ValueError("config field 'eval_scenarios' needs 'rollout' (environments are evaluated on held-out seeds)")
     if config.compile_step and config.lora_dropout > 0:
         raise ValueError("compile_step = true with lora_dropout > 0 is not supported: a compiled step would reuse "
                          "one dropout mask for every update; set compile_step = false or lora_dropout = 0")

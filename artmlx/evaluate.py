@@ -2,6 +2,10 @@
 
 Training draws task seeds below `EVAL_SEED_BASE`; evaluation uses `EVAL_SEED_BASE + i`, so no
 evaluation task is ever trained on. Each seed is played once (groups of one).
+
+An agent (`rollout`) is evaluated on its held-out scenarios instead (`evaluate_agent`): each played
+once by the agent itself; a trajectory's score is its `metrics["score"]` where it has one (as an
+environment's `info["score"]`), else its reward; the row adds the mean of every metric.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
-    scores = np.array([float(e.info.get("score", e.reward)) for e in episodes])
+def score_row(scores: list[float]) -> dict:
+    """Mean score and its 95 % interval (Wilson's for 0/1 scores, else the normal one), and the count."""
+    scores = np.array(scores, dtype=np.float64)
     n = len(scores)
     mean = float(scores.mean()) if n else 0.0
     if n and set(np.unique(scores)) <= {0.0, 1.0}:
@@ -54,11 +59,13 @@ def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
     else:
         half = 1.96 * float(scores.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
         low, high = mean - half, mean + half
+    return {"eval_score": mean, "eval_score_ci_low": low, "eval_score_ci_high": high, "eval_episodes": n}
+
+
+def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
+    n = len(episodes)
     row = {
-        "eval_score": mean,
-        "eval_score_ci_low": low,
-        "eval_score_ci_high": high,
-        "eval_episodes": n,
+        **score_row([float(e.info.get("score", e.reward)) for e in episodes]),
         "eval_reward_mean": float(np.mean([e.reward for e in episodes])) if n else 0.0,
         "eval_truncated_rate": float(np.mean([e.truncated for e in episodes])) if n else 0.0,
     }
@@ -83,3 +90,26 @@ def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], 
     finally:
         engine.sampling = saved
     return summarize(played, outcomes)
+
+
+def evaluate_agent(rollouts, scenarios: list) -> dict | None:
+    """Each held-out scenario played once by the agent (`AgentRollouts.play_once`), summarised; None if stopped."""
+    trajectories = rollouts.play_once(scenarios)
+    return None if trajectories is None else summarize_trajectories(trajectories)
+
+
+def summarize_trajectories(trajectories: list) -> dict:
+    """Score (`metrics["score"]`, else the reward) with its interval, mean reward, failed rollouts (None, or
+    no numeric reward) and `eval_metric_<name>`: each numeric metric's mean over the trajectories that have it."""
+    played = [t for t in trajectories if isinstance(getattr(t, "reward", None), (int, float))]
+    metrics: dict[str, list[float]] = {}
+    scores = []
+    for trajectory in played:
+        numeric = {str(name): float(value) for name, value in (getattr(trajectory, "metrics", None) or {}).items()
+                   if isinstance(value, (int, float)) and math.isfinite(value)}
+        for name, value in numeric.items():
+            metrics.setdefault(name, []).append(value)
+        scores.append(numeric.get("score", float(trajectory.reward)))
+    return {**score_row(scores), "eval_reward_mean": float(np.mean([t.reward for t in played])) if played else 0.0,
+            "eval_failed": len(trajectories) - len(played),
+            **{f"eval_metric_{name}": float(np.mean(values)) for name, values in sorted(metrics.items())}}

@@ -5,12 +5,15 @@ The learner binds a free loopback port; actors connect to it at lower CPU priori
 update, the critical path, is never starved; the hub sizes their windows to share one update
 between them (capacity-based admission). An actor that dies (non-zero exit) is restarted and
 logged; when the learner exits, actors are told to stop (SIGTERM) and are killed if they linger;
-Ctrl-C stops the learner first (it checkpoints) and then the actors. No process is left behind,
-and the exit status is the learner's. On a terminal the learner draws its live view and the
+Ctrl-C stops the learner (it checkpoints) and the actors. No process is left behind, and the
+exit status is the learner's (1 when every actor gave up). On a terminal the learner draws its live view and the
 actors write to RUN_DIR/logs/actor-N.log; on a pipe (or with `plain`) everyone prints lines.
 
-Supervision: SIGTERM and SIGHUP stop a run like Ctrl-C (learner first, it checkpoints, then the
-actors). Children die with `artmlx run` even when it is killed outright: on Linux the kernel sends
+Supervision: SIGTERM and SIGHUP stop a run like Ctrl-C: the learner and the actors are told at
+once; the learner checkpoints, actors abandon the batch they are playing at its next turn and say
+they leave, so the run ends in seconds, not when the longest batch would have. An actor that exits
+with 2 (its agent code cannot be loaded) or 3 (its rollouts keep failing) is not restarted: that
+would fail the same way. Children die with `artmlx run` even when it is killed outright: on Linux the kernel sends
 them SIGTERM (`PR_SET_PDEATHSIG`), and on every system each child watches its parent
 (`watch_parent`: when it is re-parented, it stops itself as if signalled). A crashing actor is
 restarted after a pause that doubles from `RESTART_DELAY_S` (to `RESTART_DELAY_MAX_S`) while it
@@ -44,6 +47,10 @@ RESTART_DELAY_MAX_S = 30.0
 STABLE_S = 60.0
 MAX_QUICK_CRASHES = 5
 PARENT_ENV = "ARTMLX_PARENT_PID"
+ACTOR_GRACE_S = 10.0  # an actor told to stop ends its batch at the next turn; then it is killed
+EXIT_UNUSABLE = 2  # the run's agent code or scenarios cannot be loaded (also click's status for bad usage)
+EXIT_ROLLOUTS_FAILING = 3  # an actor's rollouts failed `rollout_failure_limit` times in a row
+NOT_RESTARTED = {EXIT_UNUSABLE: "its agent code cannot be loaded", EXIT_ROLLOUTS_FAILING: "its rollouts keep failing"}
 
 
 class _Stopped(Exception):
@@ -174,6 +181,12 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                 # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
                 if index in given_up or index in restart_at or process.poll() is None or process.returncode == 0:
                     continue
+                if process.returncode in NOT_RESTARTED:  # restarting cannot help: the agent's code is at fault
+                    given_up.add(index)
+                    say(f"[run] actor-{index} stopped: {NOT_RESTARTED[process.returncode]} (exit status "
+                        f"{process.returncode}; its message is above{' and in ' + str(logs / f'actor-{index}.log') if live else ''}); "
+                        "not restarting it")
+                    continue
                 quick = now - started_at[index] < STABLE_S
                 quick_crashes[index] = quick_crashes.get(index, 0) + 1 if quick else 1
                 if quick_crashes[index] >= MAX_QUICK_CRASHES:
@@ -198,30 +211,42 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
             time.sleep(0.2)
     except (KeyboardInterrupt, _Stopped) as reason:
         interrupted = True
-        say(f"[run] stopping ({reason or 'interrupted'}): the learner checkpoints, then the actors stop")
-        learner.send_signal(signal.SIGTERM)
+        say(f"[run] stopping ({reason or 'interrupted'}): the learner checkpoints, the actors end their batches")
+        # Both at once: an actor stopped mid-batch leaves at its next turn and tells the learner, which
+        # then does not wait for it (on a terminal, Ctrl-C has reached every process already).
+        for process in [learner, *actor_procs.values()]:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _stop(learner, grace=60)
-        deadline = time.monotonic() + 5  # actors leave by themselves on the learner's shutdown message
-        while time.monotonic() < deadline and any(p.poll() is None for p in actor_procs.values()):
-            time.sleep(0.1)
-        for process in actor_procs.values():
-            _stop(process, grace=10)
-        config_file.unlink(missing_ok=True)
+        try:
+            _stop([learner], grace=60)  # a checkpoint of a large model takes a while
+            # actors leave by themselves on the learner's shutdown message; the rest are told to
+            _stop(list(actor_procs.values()), grace=ACTOR_GRACE_S, ask_after=5)
+        finally:
+            config_file.unlink(missing_ok=True)
     code = learner.returncode
-    print(f"[run] learner exited with {code}; actors stopped; {restarts} actor restarts", flush=True)
+    actor_codes = [actor_procs[index].returncode for index in sorted(actor_procs)]
+    print(f"[run] learner exited with {code}; actors exited with {actor_codes}; {restarts} actor restarts", flush=True)
     if all_failed:
         return 1
     return 130 if interrupted and code == 0 else code
 
 
-def _stop(process: subprocess.Popen, grace: float) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
+def _stop(processes: list[subprocess.Popen], grace: float, ask_after: float = 0.0) -> None:
+    """Wait `ask_after` for the processes to end by themselves, then SIGTERM the rest together and give them
+    `grace` seconds before killing them."""
+    deadline = time.monotonic() + ask_after
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        time.sleep(0.1)
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        time.sleep(0.1)
+    for process in processes:
+        if process.poll() is None:
             process.kill()
-            process.wait()
+        process.wait()

@@ -5,7 +5,8 @@ played the way an ART user writes agents: the code calls the chat API and collec
 trajectory. It runs under artmlx's actors (`--rollout examples/tictactoe_rollout.py:rollout`)
 and, through `art_rollout`, under an ART script with `MLXBackend` or any of ART's backends.
 
-    artmlx run --actors 2 --rollout examples/tictactoe_rollout.py:rollout
+    artmlx run --actors 2 --rollout examples/tictactoe_rollout.py:rollout       # rollout(client, scenario)
+    artmlx run --actors 2 --rollout examples/tictactoe_rollout.py:art_rollout   # rollout(model, scenario)
 """
 
 from __future__ import annotations
@@ -58,5 +59,6 @@ async def rollout(client, scenario, model: str = "policy", max_tokens: int = 8) 
 
 
 async def art_rollout(model, scenario) -> Trajectory:
-    """The same agent in ART's calling convention (`rollout(model, scenario)` with an art.Model)."""
+    """The same agent in ART's calling convention (`rollout(model, scenario)` with an art.Model): under
+    `artmlx run --rollout examples/tictactoe_rollout.py:art_rollout` the model is artmlx's `AgentModel`."""
     return await rollout(model.openai_client(), scenario, model=model.get_inference_name())

@@ -14,6 +14,13 @@ with the other processes `artmlx run` put on it), never the learner's. A batch i
 that budget's KV cache and the device hold (`engine/memory.py`), at most the share of one update
 the learner asks of each actor, unless the run fixes `actor_groups_per_batch`. Its heartbeats report
 groups per batch, generation rate, peak memory and device, which the learner shows.
+
+Stopping: a signal or the learner's shutdown ends the batch being played at its next turn (agent
+rollouts: within half a second); its groups were never sent, so the ledger does not miss them.
+An actor that stops on its own tells the learner it leaves. Agent rollouts (`--rollout`) that fail
+`rollout_failure_limit` times in a row stop the actor with one message naming the function, its
+signature and the first error (`artmlx actor` exits with 3); agent code that cannot be loaded
+exits with 2. Failed rollouts are reported once per kind, with the traceback, and then as counts.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from ..protocol.client import ActorClient, LearnerGone
 from ..protocol.codec import to_mlx
 from ..protocol.convert import group_to_message
 from ..protocol.sockets import ActorSocket
+from ..rollout.agents import RolloutsFailing
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
+
+FAILURE_REPORT_S = 30.0
 
 
 class ActorService:
@@ -51,34 +61,58 @@ class ActorService:
         self.nonce = uuid.uuid4().int & ((1 << 62) - 1)
         self.memory_budget_gb = memory_budget_gb
         self.patience_s = 60.0  # first report of a silent learner; the interval doubles up to 10 minutes
+        self.next_failure_report = time.monotonic() + FAILURE_REPORT_S
 
     def say(self, text: str) -> None:
         if self.echo:
             print(f"[{self.name}] {text}", flush=True)
 
     def run(self) -> str:
+        """Serve the learner until it says shutdown or a signal stops us; the reason. Raises RolloutLoadError
+        (the agent's code cannot be loaded) and RolloutsFailing (it failed `rollout_failure_limit` times in a
+        row, said here) after leaving cleanly."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
         welcome = self._hello_until_welcome()
-        config = validate(TrainConfig(**welcome.run_config))
-        budget = resolve_budget(self.memory_budget_gb)
-        apply_limits(budget)
-        spec = LoraSpec.from_config(config)
-        rollouts = self._rollouts(config, spec, budget)
-        self.client.hello(fingerprint(config.model, spec))  # raises ActorRefused on a mismatch
-        task = f"rollout {config.rollout}" if config.rollout else f"env {config.env}"
-        self.say(f"connected: model {config.model}, {task}, learner at v{welcome.policy_version}; "
-                 f"{device_description()}, memory budget {budget / 2**30:.1f} GB, "
-                 f"{rollouts.max_rows} rows per batch at most")
+        rollouts = None
+        try:
+            config = validate(TrainConfig(**welcome.run_config))
+            budget = resolve_budget(self.memory_budget_gb)
+            apply_limits(budget)
+            spec = LoraSpec.from_config(config)
+            rollouts = self._rollouts(config, spec, budget)
+            self.client.hello(fingerprint(config.model, spec))  # raises ActorRefused on a mismatch
+            task = f"rollout {config.rollout}" if config.rollout else f"env {config.env}"
+            self.say(f"connected: model {config.model}, {task}, learner at v{welcome.policy_version}; "
+                     f"{device_description()}, memory budget {budget / 2**30:.1f} GB, "
+                     f"{rollouts.max_rows} rows per batch at most")
+            self._play(config, rollouts)
+        except RolloutsFailing as failing:
+            self.say(str(failing))
+            self._request_stop("its rollouts keep failing")
+            raise
+        finally:
+            reason = self.client.shutdown_reason or "stopped by signal"
+            self.client.leave()
+            if rollouts is not None:
+                self._report_failures(rollouts, final=True)
+                rollouts.close()
+            self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
+            self.client.socket.close()
+        return reason
+
+    def _play(self, config: TrainConfig, rollouts) -> None:
         version = self._apply_adapter(rollouts, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
-        policy_tokens, reported = 0, 0
+        policy_tokens = 0
         while not self.stop and self.client.shutdown_reason is None:
             per_batch = self.groups_per_batch(config, rollouts)
             # Generate only once the whole batch will fit the window, with the newest adapter by then:
             # a batch generated first and then held back would be one more policy version old.
             self._wait_for_room(per_batch)
+            if self.stop or self.client.shutdown_reason is not None:
+                break
             version = self._apply_adapter(rollouts, wait=False, current=version)
             seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
@@ -90,21 +124,32 @@ class ActorService:
                 if self.client.shutdown_reason:
                     break
             batches += 1
-            failures = getattr(rollouts, "failures", [])
-            for failure in failures[reported:]:
-                self.say(f"group dropped: {failure}")
-            reported = len(failures)
-            self.client.stats = {"rollout_failures": reported, "batches": batches, "groups_per_batch": per_batch,
+            self._report_failures(rollouts)
+            self.client.stats = {"batches": batches, "groups_per_batch": per_batch,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
                                  "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
                                  "device": device_description()}
             self.client.pump(0)
-        reason = self.client.shutdown_reason or "stopped by signal"
-        self.client.leave()
-        rollouts.close()
-        self.say(f"exiting: {reason} (sent {self.client.sent} groups, acks {dict(self.client.acks)})")
-        self.client.socket.close()
-        return reason
+
+    def _report_failures(self, rollouts, final: bool = False) -> None:
+        """Each kind of failed rollout once with its traceback; repeats as counts every
+        `FAILURE_REPORT_S` and at the end, never a line per failure."""
+        failures = getattr(rollouts, "failures", None)  # agent rollouts only: an env's errors raise
+        if failures is None:
+            return
+        for first in failures.firsts():
+            self.say(f"group dropped: {first}")
+        now = time.monotonic()
+        if final or now >= self.next_failure_report:
+            self.next_failure_report = now + FAILURE_REPORT_S
+            repeats = failures.repeats()
+            if repeats:
+                self.say(f"rollout failures repeated since the last report: {'; '.join(repeats)}")
+
+    def _tick(self) -> bool:
+        """Called while a batch plays: read the socket (heartbeats, acks, a shutdown); True stops the batch."""
+        self.client.pump(0)
+        return self.stop or self.client.shutdown_reason is not None
 
     def _wait_for_room(self, count: int) -> None:
         """Wait for window room however long the learner is silent (an evaluation or checkpoint can take
@@ -150,17 +195,12 @@ class ActorService:
         if not config.rollout:
             model, tokenizer, _ = load_policy(config.model, spec)
             return EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
-                                   SamplingParams.from_config(config), plan_for(model, budget))
-        from ..rollout.agents import MODEL_NAME, AgentRollouts, load_rollout, load_scenarios
-        from ..serve.model_server import ModelServer, ServeConfig
+                                   SamplingParams.from_config(config), plan_for(model, budget), tick=self._tick)
+        from ..rollout.agents import agent_rollouts
 
-        rollout, scenarios = load_rollout(config.rollout), load_scenarios(config.scenarios)
         rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size
-        server = ModelServer(ServeConfig(model=config.model, name=MODEL_NAME, max_rows=max(rows, config.group_size),
-                                         max_prompt_tokens=config.max_episode_tokens,
-                                         max_tokens=config.max_episode_tokens, seed=int(self.nonce % 2**31)),
-                             train_config=config)
-        return AgentRollouts(server, rollout, scenarios, config.temperature, tick=lambda: self.client.pump(0))
+        return agent_rollouts(config, max(rows, config.group_size), seed=int(self.nonce % 2**31), tick=self._tick,
+                              failure_limit=config.rollout_failure_limit)
 
     def _apply_adapter(self, rollouts, wait: bool, current: int = -1) -> int:
         while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:

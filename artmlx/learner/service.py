@@ -4,7 +4,9 @@ It binds the protocol's ROUTER socket, serves the run configuration to actors, b
 they stream in, drops (and counts) groups whose policy version lags the current one by more than
 `max_staleness`, runs a GRPO update as soon as `groups_per_step` fresh groups are buffered,
 broadcasts the new adapter, evaluates and checkpoints periodically (with the ids of consumed
-groups, so a resumed learner recognises resends), and stops after `steps` updates. SIGINT/SIGTERM
+groups, so a resumed learner recognises resends), and stops after `steps` updates. An agent run
+(`rollout`) is evaluated with the agent itself on `eval_scenarios`, on the learner's own in-process
+server of the policy (`_evaluate_agent`), or not at all: its `env` is not its task. SIGINT/SIGTERM
 write a checkpoint first. Acknowledging a group only once it is consumed bounds the buffer to
 `max_in_flight` groups per actor. On a terminal a live view (learner/view.py) shows the state that
 `artmlx status` prints; on a pipe the metrics rows are plain lines, with the status after each eval.
@@ -24,7 +26,7 @@ import numpy as np
 from ..config import TrainConfig
 from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env, outcomes_of
-from ..evaluate import evaluate
+from ..evaluate import evaluate, evaluate_agent
 from ..metrics import MetricsLog
 from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
@@ -44,6 +46,13 @@ class LearnerService:
     def __init__(self, config: TrainConfig, bind: str, keys: Path | None = None, insecure: bool = False,
                  resume: bool = False, echo: bool = True, live: bool | None = None):
         self.config = config
+        self.eval_scenarios: list = []
+        if config.rollout:  # the agent's code before anything else (RolloutLoadError: exit status 2)
+            from ..rollout.agent_code import load_rollout, load_scenarios
+
+            load_rollout(config.rollout)
+            load_scenarios(config.scenarios)
+            self.eval_scenarios = load_scenarios(config.eval_scenarios, "eval_scenarios")
         self.run_dir = prepare_run_dir(config, resume)
         prefer_training_attention()
         budget = resolve_budget(config.memory_budget_gb)
@@ -72,9 +81,11 @@ class LearnerService:
                               share=config.share_of_update, limits=limits, groups_per_update=config.groups_per_step,
                               actor_timeout_s=config.actor_timeout_s)
         self.hub.policy_version = self.trainer.policy_version
-        self.eval_engine = EpisodeRollouts(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
-                                           SamplingParams.from_config(config), self.plan)
-        self.outcomes = outcomes_of(make_env(config.env, config.env_args))
+        self.agent_eval = None  # the agent's own rollouts on a server of the policy, made at the first evaluation
+        if not config.rollout:
+            self.eval_engine = EpisodeRollouts(self.model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                               SamplingParams.from_config(config), self.plan)
+            self.outcomes = outcomes_of(make_env(config.env, config.env_args))
         self.buffer: list = []
         self.checkpointed_step = self.trainer.step if resume else -1
         self.stop_reason: str | None = None
@@ -112,6 +123,9 @@ class LearnerService:
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
+            if self.config.rollout and self.config.eval_every and not self.eval_scenarios:
+                print("learner: an agent run is evaluated only on eval_scenarios (--eval-scenarios), and none are "
+                      f"given: no evaluation (env {self.config.env!r} is not the agent's task)", flush=True)
         window_start, idle = time.perf_counter(), 0.0
         received_tokens = 0
         try:
@@ -206,14 +220,41 @@ class LearnerService:
             self._checkpoint()
 
     def _evaluate(self) -> None:
+        if self.config.rollout and not self.eval_scenarios:
+            return  # said once at the start
         self._show(phase="evaluating")
-        row = evaluate(self.eval_engine, self.config.eval_episodes, self.outcomes,
-                       self.config.resolved_eval_temperature(), seed=self.config.seed)
+        if self.config.rollout:
+            row = self._evaluate_agent()
+            if row is None:  # stopped by a signal midway: no row
+                return
+        else:
+            row = evaluate(self.eval_engine, self.config.eval_episodes, self.outcomes,
+                           self.config.resolved_eval_temperature(), seed=self.config.seed)
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version,
                         "time": self._now(), **row})
         self._show(eval_score=row["eval_score"], eval_step=self.trainer.step)
         if self.echo and not self.view.live_enabled:
             print(format_status(self.hub.status()), flush=True)
+
+    def _evaluate_agent(self) -> dict | None:
+        """The agent itself, on the held-out scenarios, through its own in-process server of the policy.
+
+        That server holds a second copy of the base model (in this process) and gets the current adapter
+        before each evaluation; sampling is the agent's (its requests' temperature)."""
+        from ..rollout.agents import agent_rollouts
+
+        if self.agent_eval is None:
+            rows = min(len(self.eval_scenarios), self.config.share_of_update(1) * self.config.group_size)
+            self.agent_eval = agent_rollouts(self.config, max(1, rows), seed=self.config.seed, scenarios=[],
+                                             tick=lambda: self.stop_reason is not None)
+        weights = {name: np.array(value) for name, value in adapter_weights(self.model, mx.float32).items()}
+        self.agent_eval.set_adapter(lambda: {name: mx.array(value) for name, value in weights.items()},
+                                    self.trainer.policy_version)
+        row = evaluate_agent(self.agent_eval, self.eval_scenarios)
+        if self.echo:
+            for first in self.agent_eval.failures.firsts():
+                print(f"learner: an evaluation rollout failed: {first}", flush=True)
+        return row
 
     def _checkpoint(self) -> None:
         self._show(phase="checkpointing")
@@ -239,6 +280,8 @@ class LearnerService:
                         "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
                         "stop_reason": reason})
         self.hub.socket.close()
+        if self.agent_eval is not None:
+            self.agent_eval.close()
 
 
 def wire_dtype(setting: str, activation_bytes: int) -> mx.Dtype:

@@ -1,38 +1,51 @@
-"""Agent rollouts: a user's `async def rollout(client, scenario) -> Trajectory` played on the engine.
+"""Agent rollouts: a user's async `rollout(model, scenario)` or `rollout(client, scenario)` played on the engine.
 
 The alternative to an environment (`--env`): agent code written as ART writes it, an async function
 that talks to the policy through an OpenAI client and returns a trajectory (`messages_and_choices`,
 `reward`, `metrics`, `metadata`: ART's field names, so the same function runs under ART's own
-backends). `--rollout module:function` (or `path/to/file.py:function`) names it; `--scenarios`
-names what each group plays: a JSONL file (one scenario per line) or `module:name` of a list or of a
-function returning an iterable. Group k of an actor plays scenario `seed % len(scenarios)` (seeds
-are random per actor); without scenarios the scenario is `{"seed": seed}`.
+backends). `--rollout module:function` (or `path/to/file.py:function`) names it; its first argument
+is an `AgentModel` (ART's `rollout(model: art.Model, scenario)`) or the OpenAI client itself, as its
+first parameter says (`agent_code.py`). `--scenarios` names what each group plays: a JSONL file (one
+scenario per line) or `module:name` of a list or of a function returning an iterable. Group k of an
+actor plays scenario `seed % len(scenarios)` (seeds are random per actor); without scenarios the
+scenario is `{"seed": seed}`.
 
 `AgentRollouts.play` runs the G rollouts of every group of a batch concurrently on one asyncio loop.
 Their client is the real `openai.AsyncOpenAI` talking to `artmlx serve`'s API in-process (httpx's
 ASGI transport, no socket), and the server's scheduler batches every concurrent request into one
 forward per decode step: the same engine the server uses. The model is named `policy`. Trajectories
-become token-exact episodes (`art/tokens.py`). An exception in user code, or a trajectory that cannot
-be made token-exact, drops that group (a group needs all G episodes); it is counted in
-`failures` with its reason and the actor goes on.
+become token-exact episodes (`art/tokens.py`).
+
+Failures: an exception in user code, or a trajectory that cannot be made token-exact, drops that
+group (a group needs all G episodes) and goes into `failures` (`FailureLog`): the first failure of
+each kind is reported with its traceback, repeats only counted. After `failure_limit` failed
+rollouts in a row (no success between them) `play` raises `RolloutsFailing`, whose message names
+the function, its signature, what its first argument was and the first of those failures.
+
+`tick`, called every `tick_s` while agents play, keeps the caller's socket alive and may stop the
+batch: when it returns True the running rollouts are cancelled and the batch gives no groups.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
-import json
-import os
-import sys
+import collections
+import inspect
+import threading
+import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..art.tokens import TrajectoryRefused, messages_before, trajectory_episode
 from ..trajectory import Group
+from .agent_code import AgentModel, signature_text, takes_model
 
 MODEL_NAME = "policy"
+BASE_URL = "http://policy/v1"  # the in-process client's address: httpx hands requests to the API, no socket
+API_KEY = "in-process"
+EVAL_CHUNK = 256
 
 
 @dataclass
@@ -51,61 +64,62 @@ class Trajectory:
         return messages_before(self.messages_and_choices)
 
 
-def load_object(spec: str, what: str):
-    """`module:name` or `path/to/file.py:name`; the working directory is importable."""
-    module_name, _, name = spec.rpartition(":")
-    if not module_name or not name:
-        raise ValueError(f"{what} {spec!r} must be module:name or path/to/file.py:name")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            loaded = importlib.util.spec_from_file_location(path.stem, path)
-            if loaded is None or not path.exists():
-                raise ImportError(f"no file {path}")
-            module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
+class RolloutsFailing(RuntimeError):
+    """The rollout function failed `failure_limit` times in a row; the message says which, how and where."""
+
+
+class FailureLog:
+    """Failed rollouts by reason (exception type and first line of its message).
+
+    The first failure of each reason is kept with its traceback for `firsts()`; later ones are only
+    counted, and `repeats()` gives one line per reason for those since its last call, so a function
+    that fails on every call writes a line per reason per report, never a line per failure.
+    """
+
+    def __init__(self):
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.consecutive = 0
+        self.first_of_streak = ""  # the details of the failure that began the current run of failures
+        self._new: list[str] = []
+        self._since: collections.Counter[str] = collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def failed(self, reason: str, details: str) -> None:
+        if reason in self.counts:
+            self._since[reason] += 1
         else:
-            module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"{what} {spec!r}: cannot import {module_name!r} ({error})") from error
-    if not hasattr(module, name):
-        raise ValueError(f"{what} {spec!r}: {module_name!r} has no {name!r}")
-    return getattr(module, name)
+            self._new.append(details)
+        self.counts[reason] += 1
+        if self.consecutive == 0:
+            self.first_of_streak = details
+        self.consecutive += 1
 
+    def succeeded(self) -> None:
+        self.consecutive = 0
 
-def load_rollout(spec: str) -> Callable:
-    function = load_object(spec, "rollout")
-    if not asyncio.iscoroutinefunction(function):
-        raise ValueError(f"rollout {spec!r} must be an async function: async def rollout(client, scenario)")
-    return function
+    def firsts(self) -> list[str]:
+        """Each reason's first failure (with its traceback) not yet returned."""
+        new, self._new = self._new, []
+        return new
 
-
-def load_scenarios(spec: str) -> list:
-    if not spec:
-        return []
-    if spec.endswith(".jsonl") or Path(spec).is_file():
-        lines = [line for line in Path(spec).read_text().splitlines() if line.strip()]
-        try:
-            scenarios = [json.loads(line) for line in lines]
-        except json.JSONDecodeError as error:
-            raise ValueError(f"scenarios {spec}: line {error.lineno} is not JSON ({error.msg})") from error
-    else:
-        source = load_object(spec, "scenarios")
-        scenarios = list(source() if callable(source) else source)
-    if not scenarios:
-        raise ValueError(f"scenarios {spec!r} is empty")
-    return scenarios
+    def repeats(self) -> list[str]:
+        """`reason (xN)` for every reason that failed again since the last call, N being those repeats."""
+        since, self._since = self._since, collections.Counter()
+        return [f"{reason} (x{count:,} more; {self.counts[reason]:,} in all)" for reason, count in since.most_common()]
 
 
 class AgentRollouts:
-    """The actor's rollouts when the run names an agent (`rollout`) instead of an environment."""
+    """An actor's (or the learner's evaluation) rollouts when the run names an agent instead of an environment."""
 
     def __init__(self, server, rollout: Callable, scenarios: list, temperature: float,
-                 tick: Callable[[], None] | None = None, tick_s: float = 0.5):
-        """`tick` is called every `tick_s` while groups play (the actor's socket: heartbeats and acks must
-        flow while a batch of agents runs for minutes)."""
+                 tick: Callable[[], bool] | None = None, tick_s: float = 0.5, failure_limit: int = 0,
+                 spec: str = ""):
+        """`tick` is called every `tick_s` while agents play (the actor's socket: heartbeats and acks must
+        flow while a batch of agents runs for minutes); True from it stops the batch. `failure_limit`
+        failed rollouts in a row raise `RolloutsFailing` (0: never). `spec` is how the run named the rollout."""
         import httpx
         import openai
 
@@ -113,15 +127,21 @@ class AgentRollouts:
 
         self.server = server
         self.rollout = rollout
+        self.spec = spec or signature_text(rollout)
         self.scenarios = scenarios
         self.temperature = temperature
-        self.failures: list[str] = []
+        self.failures = FailureLog()
+        self.failure_limit = failure_limit
         self.tick, self.tick_s = tick, tick_s
         self.loop = asyncio.new_event_loop()  # one loop for the actor's life: the client's pool lives on it
         asyncio.set_event_loop(self.loop)
         transport = httpx.ASGITransport(app=Api(server).app())
-        self.client = openai.AsyncOpenAI(base_url="http://policy/v1", api_key="in-process", max_retries=0,
+        self.client = openai.AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY, max_retries=0,
                                          http_client=httpx.AsyncClient(transport=transport, timeout=None))
+        self.model = AgentModel(self.client, lambda: server.step, name=MODEL_NAME, base_model=server.config.model,
+                                inference_base_url=BASE_URL, inference_api_key=API_KEY)
+        self.takes_model = takes_model(rollout)
+        self.scheduler_thread = server.call(threading.get_native_id).result()
 
     @property
     def max_rows(self) -> int:
@@ -140,47 +160,144 @@ class AgentRollouts:
 
     def play(self, seeds: list[int], group_size: int, key=None, policy_version: int = 0) -> list[Group]:
         """Play `group_size` rollouts of each seed's scenario, all concurrently; groups whose rollouts all
-        succeeded, in seed order. `key` is unused: sampling is the server's."""
-        results = self.loop.run_until_complete(self._groups(seeds, group_size, policy_version))
+        succeeded, in seed order (none if `tick` stopped the batch). `key` is unused: sampling is the server's."""
+        work = [self._group(seed, group_size, policy_version) for seed in seeds]
+        results = self.loop.run_until_complete(self._until_stopped(work)) or []
+        if self.failure_limit and self.failures.consecutive >= self.failure_limit:
+            raise RolloutsFailing(self.failing_message())
         return [group for group in results if group is not None]
 
-    async def _groups(self, seeds: list[int], group_size: int, version: int) -> list[Group | None]:
-        ticking = asyncio.ensure_future(self._ticks()) if self.tick else None
-        try:
-            return await asyncio.gather(*(self._group(seed, group_size, version) for seed in seeds))
-        finally:
-            if ticking is not None:
-                ticking.cancel()
+    def play_once(self, scenarios: list) -> list | None:
+        """Each scenario's trajectory from one rollout (None where it failed), `EVAL_CHUNK` concurrently;
+        None if `tick` stopped it. For evaluation: trajectories are not made into episodes."""
+        played: list = []
+        for start in range(0, len(scenarios), EVAL_CHUNK):
+            chunk = scenarios[start : start + EVAL_CHUNK]
+            work = [self._rollout(scenario, start + i) for i, scenario in enumerate(chunk)]
+            results = self.loop.run_until_complete(self._until_stopped(work))
+            if results is None:
+                return None
+            for trajectory in results:
+                if trajectory is not None:
+                    self.failures.succeeded()
+            played += results
+        return played
 
-    async def _ticks(self) -> None:
+    async def _until_stopped(self, coroutines: list):
+        """The coroutines' results, run concurrently, or None once `tick` says stop (they are then cancelled)."""
+        work = asyncio.gather(*coroutines)
         while True:
-            await asyncio.sleep(self.tick_s)
-            self.tick()
+            done, _ = await asyncio.wait([work], timeout=self.tick_s)
+            if done:
+                return work.result()
+            if self.tick is not None and self.tick():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                return None
+
+    async def _rollout(self, scenario, seed: int):
+        """One rollout's trajectory, or None (recorded in `failures`) if the agent's code raised."""
+        try:
+            trajectory = await self.rollout(self.model if self.takes_model else self.client, scenario)
+        except Exception as error:
+            self._failed(seed, error)
+            return None
+        return trajectory
 
     async def _group(self, seed: int, group_size: int, version: int) -> Group | None:
         scenario = self.scenario(seed)
-        outcomes = await asyncio.gather(*(self.rollout(self.client, scenario) for _ in range(group_size)),
-                                        return_exceptions=True)
-        episodes = []
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome  # KeyboardInterrupt and the like are not the agent's
-                self.failures.append(f"scenario {seed}: {type(outcome).__name__}: {outcome}")
-                return None
+        outcomes = await asyncio.gather(*(self._rollout(scenario, seed) for _ in range(group_size)))
+        episodes, dropped = [], False
+        for outcome in outcomes:  # every usable trajectory is a success, even in a group that is dropped
+            if outcome is None:
+                dropped = True
+                continue
             try:
                 episodes.append(trajectory_episode(outcome, self.server.chat, self.temperature,
                                                    self.server.model.args.vocab_size))
+                self.failures.succeeded()
             except (TrajectoryRefused, AttributeError, TypeError, ValueError) as error:
-                self.failures.append(f"scenario {seed}: trajectory refused: {error}")
-                return None
+                self._refused(seed, outcome, error)
+                dropped = True
+        if dropped:
+            return None
         # the group is as old as its oldest sampled token (the learner's staleness bound applies to it)
         oldest = min(e.info["adapter_version"] if e.info.get("adapter_version") is not None else version
                      for e in episodes)
         return Group(seed=seed, episodes=episodes, policy_version=oldest)
 
+    def _failed(self, seed: int, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"[:300]
+        frames = error.__traceback__.tb_next if error.__traceback__ else None  # from the agent's own frame
+        details = "".join(traceback.format_exception(type(error), error, frames)).rstrip()
+        self.failures.failed(reason, f"rollout failed on scenario {seed}: {reason}\n{details}")
+
+    def _refused(self, seed: int, outcome, error: Exception) -> None:
+        if hasattr(outcome, "trajectories"):
+            reason = (f"the rollout returned a {type(outcome).__name__}; it must return one Trajectory "
+                      "(artmlx calls it group_size times per group)")
+        elif isinstance(error, TrajectoryRefused):
+            reason = f"trajectory refused: {error}"[:300]
+        else:
+            reason = f"trajectory refused: {type(outcome).__name__} is not a Trajectory ({type(error).__name__}: {error})"[:300]
+        self.failures.failed(reason, f"trajectory of scenario {seed}: {reason}")
+
+    def failing_message(self) -> str:
+        function = inspect.unwrap(self.rollout)
+        try:
+            where = f"{inspect.getsourcefile(function)}:{function.__code__.co_firstlineno}"
+        except (TypeError, AttributeError):
+            where = "unknown file"
+        given = ("an AgentModel (ART's model interface: openai_client(), get_inference_name(), name, get_step())"
+                 if self.takes_model else
+                 "an openai.AsyncOpenAI client (name the first parameter `model` or annotate it art.Model to get "
+                 "ART's model interface instead)")
+        reasons = "; ".join(f"{reason} (x{count:,})" for reason, count in self.failures.counts.most_common(5))
+        first = "\n".join("    " + line for line in self.failures.first_of_streak.splitlines())
+        return (f"rollout {self.spec} failed {self.failures.consecutive:,} times in a row "
+                f"(rollout_failure_limit = {self.failure_limit}); stopping.\n"
+                f"  function: {signature_text(self.rollout)}, defined at {where}\n"
+                f"  its first argument: {given}\n"
+                f"  failures so far: {reasons}\n"
+                f"  the first of these failures:\n{first}")
+
     def close(self) -> None:
-        """Close the client and stop the server's scheduler thread (before the interpreter exits)."""
+        """Close the client and stop the server's scheduler thread, waiting until that thread is gone."""
         self.loop.run_until_complete(self.client.close())
         self.loop.close()
         self.server.close()
+        wait_for_thread_exit(self.scheduler_thread)
+
+
+def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, tick=None,
+                   failure_limit: int = 0) -> AgentRollouts:
+    """The run's rollout function on a new in-process server of `rows` concurrent requests."""
+    from ..serve.model_server import ModelServer, ServeConfig
+    from .agent_code import load_rollout, load_scenarios
+
+    rollout = load_rollout(config.rollout)
+    scenarios = load_scenarios(config.scenarios) if scenarios is None else scenarios
+    server = ModelServer(ServeConfig(model=config.model, name=MODEL_NAME, max_rows=rows,
+                                     max_prompt_tokens=config.max_episode_tokens,
+                                     max_tokens=config.max_episode_tokens, seed=seed), train_config=config)
+    return AgentRollouts(server, rollout, scenarios, config.temperature, tick=tick, failure_limit=failure_limit,
+                         spec=config.rollout)
+
+
+def wait_for_thread_exit(native_id: int, timeout_s: float = 5.0) -> None:
+    """Wait until this process's OS thread `native_id` has ended.
+
+    `Thread.join()` returns once a thread's Python state is gone, before its C++ thread-local
+    destructors run; MLX's take the GIL. If the main thread reaches interpreter shutdown first,
+    that thread is made to exit inside a destructor and the process aborts ("terminate called
+    without an active exception", exit -6), about one exit in two after `ModelServer.close()`.
+    Sleeping here lets it take the GIL and finish. Linux lists live threads in /proc/self/task;
+    elsewhere a short sleep has to do.
+    """
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        time.sleep(0.1)
+        return
+    deadline = time.monotonic() + timeout_s
+    while (tasks / str(native_id)).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -6,7 +6,9 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.rollout.agents import AgentRollouts, load_rollout, load_scenarios
+from artmlx.evaluate import summarize_trajectories
+from artmlx.rollout.agent_code import RolloutLoadError, load_rollout, load_scenarios, takes_model
+from artmlx.rollout.agents import AgentRollouts, RolloutsFailing, Trajectory
 from artmlx.serve.model_server import ModelServer, ServeConfig
 
 EXAMPLE = "examples/tictactoe_rollout.py:rollout"
@@ -32,7 +34,11 @@ def test_groups_of_concurrent_agent_rollouts_are_token_exact_and_failures_drop_o
     forwards = server.scheduler.decode_forwards
     groups = rollouts.play([0, 1, 2], group_size=4, policy_version=0)
     assert [g.seed for g in groups] == [0, 2] and all(len(g.episodes) == 4 for g in groups)
-    assert rollouts.failures == ["scenario 1: RuntimeError: the agent's tool crashed"]
+    assert rollouts.failures.counts == {"RuntimeError: the agent's tool crashed": 4}
+    [first] = rollouts.failures.firsts()  # reported once, with its traceback; the 3 repeats are counted
+    assert first.startswith("rollout failed on scenario 1: RuntimeError") and "Traceback" in first
+    assert rollouts.failures.repeats() == ["RuntimeError: the agent's tool crashed (x3 more; 4 in all)"]
+    assert rollouts.failures.consecutive == 0  # successes came after
     episodes = [e for g in groups for e in g.episodes]
     assert all(e.reward in (1.0, 0.5, 0.0, -0.5) and e.policy_tokens > 0 for e in episodes)
     # every episode starts with the game's first prompt, exactly as the server built it
@@ -52,18 +58,108 @@ def test_groups_of_concurrent_agent_rollouts_are_token_exact_and_failures_drop_o
 
 
 def test_rollout_and_scenario_specs_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="must be module:name"):
+    with pytest.raises(RolloutLoadError, match="must be module:name"):
         load_rollout("no_colon")
-    with pytest.raises(ValueError, match="has no 'nope'"):
+    with pytest.raises(RolloutLoadError, match="has no 'nope'"):
         load_rollout("examples/tictactoe_rollout.py:nope")
-    with pytest.raises(ValueError, match="must be an async function"):
+    with pytest.raises(RolloutLoadError, match="must be an async function"):
         load_rollout("examples/tictactoe_rollout.py:parse_move")
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = 1\nraise RuntimeError('module-level bug')\n")
+    with pytest.raises(RolloutLoadError, match=r"importing .* failed at .*broken.py:2: RuntimeError: module-level bug"):
+        load_rollout(f"{broken}:rollout")
+    broken.write_text("import no_such_module_anywhere\n")
+    with pytest.raises(RolloutLoadError, match="ModuleNotFoundError: No module named 'no_such_module_anywhere'"):
+        load_rollout(f"{broken}:rollout")
+    three = tmp_path / "three.py"
+    three.write_text("async def rollout(model, step, is_validation):\n    pass\n")
+    with pytest.raises(RolloutLoadError, match=r"its signature is rollout\(model, step, is_validation\)"):
+        load_rollout(f"{three}:rollout")
     path = tmp_path / "s.jsonl"
     path.write_text(json.dumps({"seed": 5}) + "\n\n" + json.dumps({"seed": 6}) + "\n")
     assert load_scenarios(str(path)) == [{"seed": 5}, {"seed": 6}]
     path.write_text("{oops\n")
-    with pytest.raises(ValueError, match="line 1 is not JSON"):
+    with pytest.raises(RolloutLoadError, match="line 1 is not JSON"):
         load_scenarios(str(path))
+    with pytest.raises(RolloutLoadError, match="no such file"):
+        load_scenarios(str(tmp_path / "missing.jsonl"))
+
+
+def test_the_first_parameter_says_whether_a_rollout_gets_the_model_or_the_client():
+    import openai
+
+    async def art_style(model: "art.Model", scenario): ...
+    async def named_model(model, scenario): ...
+    async def annotated_other(agent: "Model", scenario): ...
+    async def client_style(client, scenario): ...
+    async def annotated_client(model: openai.AsyncOpenAI, scenario): ...
+    async def annotated_text(llm: "AsyncOpenAI | None", scenario): ...
+    async def any_client(client: "Any", scenario): ...
+
+    assert [takes_model(f) for f in (art_style, named_model, annotated_other)] == [True] * 3
+    assert [takes_model(f) for f in (client_style, annotated_client, annotated_text, any_client)] == [False] * 4
+
+
+async def art_signature(model: "art.Model", scenario) -> Trajectory:
+    """Written as ART's examples are: everything through the model object."""
+    assert model.trainable and await model.get_step() >= 0 and model.inference_base_url
+    client = model.openai_client()
+    messages = [{"role": "user", "content": "1. 2. 3."}]
+    first = await client.chat.completions.create(model=model.get_inference_name(), messages=messages, max_tokens=4)
+    second = await client.chat.completions.create(model=model.name, messages=messages, max_tokens=4)  # 2048's way
+    return Trajectory(messages_and_choices=[*messages, first.choices[0]],
+                      reward=float(bool(second.choices[0].message.content)), metrics={"turns": 1})
+
+
+def test_an_art_signature_rollout_gets_a_model_that_reaches_the_served_policy(server):
+    rollouts = AgentRollouts(server, art_signature, [], temperature=1.0)
+    assert rollouts.takes_model and rollouts.model.get_inference_name(3) == "policy@3"
+    groups = rollouts.play([0, 1], group_size=3)
+    assert len(groups) == 2 and all(len(g.episodes) == 3 for g in groups), rollouts.failures.counts
+    assert rollouts.failures.total == 0
+    row = summarize_trajectories(rollouts.play_once([{}, {}, {}]) + [None])
+    assert row["eval_episodes"] == 3 and row["eval_failed"] == 1 and row["eval_metric_turns"] == 1.0
+    rollouts.loop.run_until_complete(rollouts.client.close())
+
+
+async def always_failing(client, scenario):
+    return await client.openai_client()  # ART's call on the wrong object: AttributeError every time
+
+
+def test_a_rollout_that_always_fails_stops_after_the_limit_with_one_clear_message(server):
+    rollouts = AgentRollouts(server, always_failing, [], temperature=1.0, failure_limit=8, spec="agent.py:always_failing")
+    assert rollouts.play([0], group_size=4) == []  # 4 in a row: not yet
+    with pytest.raises(RolloutsFailing) as failing:
+        rollouts.play([1], group_size=4)
+    message = str(failing.value)
+    assert message.startswith("rollout agent.py:always_failing failed 8 times in a row (rollout_failure_limit = 8)")
+    assert "always_failing(client, scenario)" in message and "test_agent_rollouts.py" in message
+    assert "an openai.AsyncOpenAI client (name the first parameter `model`" in message
+    assert "Traceback" in message and "'AsyncOpenAI' object has no attribute 'openai_client'" in message
+    assert len(rollouts.failures.firsts()) == 1 and rollouts.failures.total == 8
+    rollouts.loop.run_until_complete(rollouts.client.close())
+
+
+def test_tick_stops_a_batch_of_agents_that_would_run_for_minutes(server):
+    import asyncio
+    import time
+
+    async def patient(client, scenario):
+        await asyncio.sleep(600)
+
+    started = time.monotonic()
+    rollouts = AgentRollouts(server, patient, [], temperature=1.0, tick=lambda: time.monotonic() - started > 1,
+                             tick_s=0.1)
+    assert rollouts.play([0, 1], group_size=2) == [] and rollouts.play_once([{}]) is None
+    assert rollouts.failures.total == 0  # cancelled, not failed
+    rollouts.loop.run_until_complete(rollouts.client.close())
+
+
+def test_evaluation_rows_score_by_the_score_metric_else_the_reward():
+    trajectories = [Trajectory(reward=1.0, metrics={"score": 0.0, "win": 1}), Trajectory(reward=0.5), None]
+    row = summarize_trajectories(trajectories)
+    assert row["eval_score"] == 0.25 and row["eval_reward_mean"] == 0.75 and row["eval_episodes"] == 2
+    assert row["eval_failed"] == 1 and row["eval_metric_win"] == 1.0 and row["eval_metric_score"] == 0.0
 
 
 FAILING_AGENT = '''
@@ -103,6 +199,9 @@ def test_run_with_agent_rollouts_on_two_actors_trains_and_counts_agent_failures(
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["groups"] == 4 for r in rows)
     final = read_metrics(run)[-1]
     assert final["groups_unaccounted"] == 0 and final["groups_rejected"] == 0
-    # the agent's code raises in every batch: that group is dropped, the actor goes on
-    assert "group dropped: scenario" in result.stdout and "the agent's own bug" in result.stdout
+    # the agent's code raises in every batch: that group is dropped, the actor goes on; each actor reports
+    # the failure once with its traceback, its repeats only as counts
+    assert "group dropped: rollout failed on scenario" in result.stdout and "the agent's own bug" in result.stdout
+    assert result.stdout.count("group dropped") <= 2 and "Traceback" in result.stdout
     assert "rollout " in result.stdout and "0 actor restarts" in result.stdout  # no actor crashed
+    assert "actors exited with [0, 0]" in result.stdout
