@@ -290,8 +290,9 @@ def wait_for_thread_exit(native_id: int, timeout_s: float = 5.0) -> None:
     `Thread.join()` returns once a thread's Python state is gone, before its C++ thread-local
     destructors run; MLX's take the GIL. If the main thread reaches interpreter shutdown first,
     that thread is made to exit inside a destructor and the process aborts ("terminate called
-    without an active exception", exit -6), about one exit in two after `ModelServer.close()`.
-    Sleeping here lets it take the GIL and finish. Linux lists live threads in /proc/self/task;
+    without an active exception", exit -6): measured on one exit in two after `ModelServer.close()`
+    before the scheduler's thread cleared its MLX streams on the way out (61df8e3). Waiting here
+    covers any thread-local state that is left. Linux lists live threads in /proc/self/task;
     elsewhere a short sleep has to do.
     """
     tasks = Path("/proc/self/task")
