@@ -32,6 +32,7 @@ class ChatFormat:
         self._probe_text = rendered
         self._reply_tail = rendered[rendered.rindex(_MARK) + len(_MARK) :]
         self._eos_text = {i: tokenizer.decode([i]) for i in self.eos_token_ids}
+        self._probes: dict[str, tuple[str, str]] = {}  # (tools, template variables) -> probe text, reply tail
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None,
                 template_kwargs: dict | None = None) -> str:
@@ -50,23 +51,38 @@ class ChatFormat:
         as enable_thinking; a template that does not read one renders as without it)."""
         return self.encode(self._render([_template_message(m) for m in messages], True, tools, template_kwargs))
 
-    def continuation_ids(self, new_messages: list[dict], last_reply_token: int | None) -> list[int]:
-        """Ids that close the assistant's reply and open the next assistant turn after `new_messages`.
+    def continuation_ids(self, new_messages: list[dict], last_reply_token: int | None, tools: list | None = None,
+                         template_kwargs: dict | None = None) -> list[int]:
+        """Ids that close the assistant's reply and open the next assistant turn after `new_messages`
+        (rendered with the same tools and template variables as the conversation).
 
         If the reply ended with an end-of-turn token, the part of the template's closing text that
         token already wrote is not repeated; a reply cut off at the token limit gets it all.
         """
-        rendered = self._render(_PROBE + list(new_messages), add_generation_prompt=True)
-        if not rendered.startswith(self._probe_text):
+        probe_text, reply_tail = self._probe(tools, template_kwargs)
+        rendered = self._render(_PROBE + [_template_message(m) for m in new_messages], True, tools, template_kwargs)
+        if not rendered.startswith(probe_text):
             raise ValueError(
                 "the chat template re-renders earlier turns when a message is added; "
                 "artmlx cannot extend such transcripts token by token"
             )
-        tail = self._reply_tail
+        tail = reply_tail
         eos_text = self._eos_text.get(last_reply_token) if last_reply_token is not None else None
         if eos_text and tail.startswith(eos_text):
             tail = tail[len(eos_text) :]
-        return self.encode(tail + rendered[len(self._probe_text) :])
+        return self.encode(tail + rendered[len(probe_text) :])
+
+    def _probe(self, tools: list | None, template_kwargs: dict | None) -> tuple[str, str]:
+        """The probe conversation rendered with these tools and variables, and the text after its reply."""
+        if not tools and not template_kwargs:
+            return self._probe_text, self._reply_tail
+        key = json.dumps([tools, template_kwargs], sort_keys=True, default=str)
+        if key not in self._probes:
+            rendered = self._render(_PROBE, False, tools, template_kwargs)
+            if _MARK not in rendered:
+                raise ValueError("the chat template drops assistant content with these tools or variables")
+            self._probes[key] = (rendered, rendered[rendered.rindex(_MARK) + len(_MARK):])
+        return self._probes[key]
 
     def reply_text(self, reply_ids: list[int]) -> str:
         """The reply as text for the environment, without a trailing end-of-turn token."""

@@ -21,6 +21,7 @@ from ..engine.generate import Engine
 from ..engine.sampling import Options
 from ..engine.scheduler import BASE_VERSION, Request, Scheduler
 from ..model.policy import LoraSpec, adapter_weights, base_adapter_weights, load_policy, load_policy_with_adapters
+from .conversations import Conversations
 from .tools import ToolCallParser
 
 
@@ -85,6 +86,7 @@ class ModelServer:
             mx.eval(self.model.parameters())
             self.chat = ChatFormat(self.tokenizer)
             self.tool_parser = ToolCallParser(self.tokenizer)
+            self.conversations = Conversations(self.chat)
             self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
                                        max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
             if config.base_name:
@@ -120,7 +122,14 @@ class ModelServer:
 
     def prompt_ids(self, messages: list[dict], tools: list | None = None,
                    template_kwargs: dict | None = None) -> list[int]:
-        return self.chat.prompt_ids(messages, tools, {**self.config.chat_template_kwargs, **(template_kwargs or {})})
+        """The prompt for a chat request: exact ids through the last reply this server produced (Conversations)."""
+        return self.conversations.prompt_ids(messages, tools, self._template_kwargs(template_kwargs))
+
+    def remember(self, messages: list[dict], tools, template_kwargs, reply: dict, ids: list[int]) -> None:
+        self.conversations.remember(messages, tools, self._template_kwargs(template_kwargs), reply, ids)
+
+    def _template_kwargs(self, template_kwargs: dict | None) -> dict:
+        return {**self.config.chat_template_kwargs, **(template_kwargs or {})}
 
     def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None,
                version: int | None = None, options: Options | None = None) -> Request:

@@ -113,6 +113,7 @@ class Api:
             parse_tools(body, sampling, self.server)
             try:
                 prompt = self.server.prompt_ids(messages, sampling.tools, sampling.template_kwargs)
+                sampling.conversation = (messages, sampling.tools, sampling.template_kwargs)
             except TemplateError as error:
                 raise ApiError(400, f"the chat template refused these messages: {error}", "messages") from None
             return await self._generate(body["model"], prompt + sampling.forced_ids, sampling, chat=True)
@@ -265,7 +266,14 @@ class Api:
                 choice["finish_reason"] = "tool_calls"
         else:
             choice["message"] = {"role": "assistant", "content": text}
+        self._remember(sampling, choice["message"], prompt, request)
         return choice
+
+    def _remember(self, sampling: Sampling, message: dict, prompt: list[int], request) -> None:
+        """The reply as the client will resend it, with the ids the model saw, for its next turn."""
+        if sampling.conversation is not None and request.finish_reason in ("stop", "length"):
+            messages, tools, template_kwargs = sampling.conversation
+            self.server.remember(messages, tools, template_kwargs, message, prompt + request.tokens)
 
     def _visible(self, request, count: int, finish, sampling: Sampling, chat: bool):
         """The text of the first `count` tokens that may be sent now, and the tool calls once it ends."""
@@ -346,6 +354,8 @@ class Api:
                     piece = text[len(sent_text[index]):] if text.startswith(sent_text[index]) else ""
                     sent_text[index] = text if piece else sent_text[index]
                     start, sent_tokens[index] = sent_tokens[index], count
+                    if chat and finish:
+                        self._remember(sampling, {"content": text, "tool_calls": calls}, prompt, request)
                     if calls and finish == "stop":
                         finish = "tool_calls"
                     extra = {"adapter_version": request.adapter_version} if request.adapter_version >= 0 else {}

@@ -93,6 +93,8 @@ class Sampling:
     template_kwargs: dict = field(default_factory=dict)
     version: int | None = None
     """The adapter version the model name asks for (None: the newest)."""
+    conversation: tuple | None = None
+    """(messages, tools, template variables) of a chat request: what its replies answer (Conversations)."""
 
 
 def check_fields(body: dict, chat: bool) -> dict:
