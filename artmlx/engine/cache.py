@@ -20,6 +20,7 @@ layer's `update_and_fetch` and reads `offset` for RoPE, as it does with its own 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 
 class RowState:
@@ -135,6 +136,40 @@ class RaggedCache:
         self.state.offset = self.state.offset[rows]
 
 
+def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, mx.array]]:
+    """Row `row`'s keys and values at its real slots, in position order: (heads, n, head_dim) per layer."""
+    slots = mx.array(np.flatnonzero(np.array(cache.state.valid[row, :cache.used])).astype(np.int32))
+    return [(layer.keys[row][:, slots], layer.values[row][:, slots]) for layer in cache.layers]
+
+
+def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256) -> RaggedCache:
+    """A cache whose row r already holds `prefixes[r]` (per-layer (heads, n_r, head_dim) keys and values
+    of its first n_r positions, as `row_kv` gives them) or nothing (None): right-padded with holes."""
+    lengths = [0 if p is None else p[0][0].shape[1] for p in prefixes]
+    cache = RaggedCache(num_layers, len(prefixes), block)
+    width = max(lengths)
+    if width == 0:
+        return cache
+    template = next(p for p in prefixes if p is not None)
+    for index, layer in enumerate(cache.layers):
+        keys, values = [], []
+        for prefix, n in zip(prefixes, lengths):
+            k0, v0 = template[index]
+            k, v = prefix[index] if prefix is not None else (k0[:, :0], v0[:, :0])
+            pad = width - n
+            if pad:
+                k = mx.concatenate([k, mx.zeros((k0.shape[0], pad, k0.shape[2]), k0.dtype)], axis=1)
+                v = mx.concatenate([v, mx.zeros((v0.shape[0], pad, v0.shape[2]), v0.dtype)], axis=1)
+            keys.append(k)
+            values.append(v)
+        layer.keys, layer.values = mx.stack(keys), mx.stack(values)
+    lengths_array = mx.array(lengths, dtype=mx.int32)
+    cache.state.valid = mx.arange(width)[None, :] < lengths_array[:, None]
+    cache.state.offset = lengths_array
+    cache.state.used = width
+    return cache
+
+
 def make_ragged_cache(model, batch_size: int, block: int = 256) -> RaggedCache:
     """A ragged cache for `model`; refuses models whose layers need another cache type."""
     if hasattr(model, "make_cache"):
@@ -190,7 +225,10 @@ def compact(cache: RaggedCache) -> None:
     if state.used == 0:
         return
     valid = state.valid[:, : state.used]
-    order = mx.argsort(mx.logical_not(valid).astype(mx.int32), axis=1)  # real slots first, in order
+    # real slots first, in slot order (distinct keys: no reliance on a stable sort), so a row's real
+    # slots stay in position order, which the prefix cache slices by
+    slot = mx.arange(state.used)[None, :]
+    order = mx.argsort(mx.where(valid, slot, slot + state.used), axis=1)
     keep = int(valid.sum(axis=1).max().item())
     order = order[:, :keep]
     for layer in cache.layers:

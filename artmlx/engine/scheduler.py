@@ -45,8 +45,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.policy import adapter_weights, conform_adapter_weights
-from .cache import RaggedCache, compact, join_caches
+from .cache import RaggedCache, cache_with_prefixes, compact, join_caches, row_kv
 from .generate import Engine
+from .prefix_cache import PrefixCache
 from .sampling import Options, sample
 
 BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a request not yet admitted
@@ -82,8 +83,12 @@ class _Batch:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0):
+    def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0,
+                 prefix_cache_bytes: int = 0):
         self.engine = engine
+        # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
+        self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.max_rows = max_rows
         self.max_prompt_tokens = max_prompt_tokens
         self.key = mx.random.key(seed)
@@ -207,6 +212,8 @@ class Scheduler:
         needed = {self.adapter_version, *self.batches, *self.kept, *self.holds, *asked}
         for version in [v for v in self.adapters if v not in needed]:
             del self.adapters[version]
+            if self.prefix is not None:
+                self.prefix.drop_version(version)
 
     def _run_calls(self) -> None:
         while True:
@@ -252,6 +259,8 @@ class Scheduler:
             if request.on_token is not None:
                 request.on_token(request)
             (finished if request.finish_reason else keep).append(row)
+        if finished and self.prefix is not None:
+            self._remember_kv(batch, finished)
         for row in finished:
             batch.running[row].done.set()
         done = [batch.running[row] for row in finished]
@@ -269,6 +278,14 @@ class Scheduler:
         batch.logits = next_logits  # evaluated by the next step's async_eval, with that step's sampling
         return done
 
+    def _remember_kv(self, batch: _Batch, rows: list[int]) -> None:
+        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back)."""
+        ended = [(batch.running[row], row_kv(batch.cache, row)) for row in rows
+                 if batch.running[row].finish_reason in ("stop", "length")]
+        mx.eval([kv for _, kv in ended])  # copies: the batch cache's buffers are not kept alive by them
+        for request, kv in ended:
+            self.prefix.insert(batch.version, request.prompt + request.tokens, kv)
+
     def _admit(self) -> None:
         with self.lock:
             free = self.max_rows - sum(len(b.running) for b in self.batches.values())
@@ -284,11 +301,25 @@ class Scheduler:
             self._admit_batch(version, requests)
 
     def _admit_batch(self, version: int, admitted: list[Request]) -> None:
-        """Prefill `admitted` under adapter `version` and join them to that version's batch."""
+        """Prefill `admitted` under adapter `version` and join them to that version's batch. A prompt that
+        extends a cached sequence starts from its KV and prefills only the rest; identical prompts (the n
+        choices of one request, a group's shared first turn) are prefilled once and their rows repeated."""
         try:
             self._load(version)
-            side = self.engine.new_cache(len(admitted))
-            logits = self.engine.prefill(side, [r.prompt for r in admitted])
+            unique: dict[tuple, int] = {}
+            for request in admitted:
+                unique.setdefault(tuple(request.prompt), len(unique))
+            prompts = [list(p) for p in unique]
+            hits = [self.prefix.lookup(version, p) if self.prefix is not None else (0, None) for p in prompts]
+            side = self.engine.new_cache(len(prompts))  # (refuses a model whose layers it cannot cache)
+            if any(n for n, _ in hits):
+                side = cache_with_prefixes(len(side.layers), [kv for _, kv in hits], self.engine.cache_block)
+            logits = self.engine.prefill(side, [p[n:] for p, (n, _) in zip(prompts, hits)])
+            self.prefill_tokens += sum(len(p) - n for p, (n, _) in zip(prompts, hits))
+            if len(prompts) < len(admitted):
+                rows = mx.array([unique[tuple(r.prompt)] for r in admitted])
+                side.select(rows)
+                logits = logits[rows]
             mx.eval(logits)
         except Exception as error:  # release the newcomers; the running batches are untouched
             self._release(admitted, f"{type(error).__name__}: {error}")

@@ -47,6 +47,8 @@ class ServeConfig:
     """Largest max_tokens a request may ask for (and the default)."""
     seed: int = 0
     """Sampling seed of the scheduler."""
+    prefix_cache_mb: int = 1024
+    """KV of finished sequences kept for requests that extend them (an agent's next turn); 0: none."""
     chat_template_kwargs: dict = field(default_factory=dict)
     """Variables every prompt's chat template gets (a request's own chat_template_kwargs override them)."""
 
@@ -88,7 +90,8 @@ class ModelServer:
             self.tool_parser = ToolCallParser(self.tokenizer)
             self.conversations = Conversations(self.chat)
             self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
-                                       max_prompt_tokens=config.max_prompt_tokens, seed=config.seed)
+                                       max_prompt_tokens=config.max_prompt_tokens, seed=config.seed,
+                                       prefix_cache_bytes=config.prefix_cache_mb << 20)
             if config.base_name:
                 self.scheduler.hold(BASE_VERSION, base_adapter_weights(adapter_weights(self.model)))
         except BaseException as error:  # the thread's edge: the constructor re-raises it

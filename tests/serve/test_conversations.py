@@ -86,8 +86,22 @@ def test_a_multi_turn_agent_group_trains_token_exactly_without_refusals(served):
         client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=300)
         return await asyncio.gather(*(agent(client, seed) for seed in range(6)))
 
+    scheduler = server.scheduler
+    prefilled, prefix_hits = scheduler.prefill_tokens, scheduler.prefix.hits
     trajectories = asyncio.run(group())
     assert server.conversations.hits - hits == 6 * 2
+    # turns 2 and 3 prefill only what is new (the closing, the observation, the next generation prompt);
+    # first turns may reuse the shared system prompt of earlier sequences too
+    assert scheduler.prefix.hits - prefix_hits >= 6 * 2
+    first_turns = sum(len(t.messages_and_choices[1].model_extra["prompt_token_ids"]) for t in trajectories)
+    new, later = 0, 0
+    for t in trajectories:
+        choices = t.messages_and_choices[1::2]
+        for before, choice in zip(choices, choices[1:]):
+            seen = len(before.model_extra["prompt_token_ids"]) + len(before.model_extra["token_ids"])
+            new += len(choice.model_extra["prompt_token_ids"]) - seen
+            later += len(choice.model_extra["prompt_token_ids"])
+    assert scheduler.prefill_tokens - prefilled <= first_turns + new < first_turns + later
     episodes, vocab = [], server.model.args.vocab_size
     for trajectory in trajectories:
         episode = trajectory_episode(trajectory, server.chat, 1.0, vocab)  # raises if any turn is not exact

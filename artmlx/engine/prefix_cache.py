@@ -1,0 +1,110 @@
+"""A prefix cache: the KV of sequences the scheduler produced, reused by requests that extend them.
+
+An agent's turn k+1 is turn k's prompt, turn k's sampled reply, then a few new tokens (the template
+closing the reply, the environment's answer, the next generation prompt). Without a cache every
+turn prefills the whole conversation again; with it, a turn prefills only what is new.
+
+As vLLM's automatic prefix caching and SGLang's radix cache, entries are found by token ids:
+- an entry is one finished sequence (its prompt and the sampled tokens fed back, i.e. all but the
+  last) with its keys and values for every layer, sliced from the batch cache when the request ends;
+- entries are indexed by a chain hash of every whole block of `block` tokens (hash of the previous
+  block's hash and this block's ids), so finding the longest cached prefix of a prompt walks its
+  blocks once; the match then extends token by token past the last whole block;
+- KV depends on the adapter, so each entry belongs to one adapter version and only a request of that
+  version may use it (`drop_version` forgets a version's entries when the scheduler forgets it);
+- at least one token of a prompt is always prefilled (its logits are what is sampled next);
+- bounded by bytes: least recently used entries go first.
+
+Keys were written with RoPE at positions 0..n-1, and a row resumed from an entry continues at
+position n, so a hit computes what a full prefill computes (up to the float rounding of a different
+kernel order, as decode against prefill).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass
+class Entry:
+    version: int
+    tokens: list[int]
+    kv: list[tuple[mx.array, mx.array]]  # per layer: (heads, n, head_dim) keys and values
+    nbytes: int
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int, block: int = 16):
+        self.max_bytes = max_bytes
+        self.block = block
+        self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
+        self.index: dict[tuple[int, int], int] = {}  # (version, chain hash of the first k blocks) -> entry id
+        self.nbytes = 0
+        self._next = 0
+        self.lookups = self.hits = self.hit_tokens = self.lookup_tokens = 0
+
+    def _chain(self, tokens: list[int]) -> list[int]:
+        """Chain hashes of each whole block of `tokens`."""
+        out, previous = [], 0
+        for start in range(0, len(tokens) - self.block + 1, self.block):
+            previous = hash((previous, tuple(tokens[start:start + self.block])))
+            out.append(previous)
+        return out
+
+    def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
+        """Keep `kv` (per layer, for exactly `tokens`) for version `version`; too large for the cache: dropped."""
+        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
+        if len(tokens) < self.block or nbytes > self.max_bytes:
+            return
+        ident, self._next = self._next, self._next + 1
+        self.entries[ident] = Entry(version, list(tokens), kv, nbytes)
+        self.nbytes += nbytes
+        for chain in self._chain(tokens):
+            self.index[(version, chain)] = ident  # the newest sequence with this prefix answers for it
+        while self.nbytes > self.max_bytes:
+            self._evict(next(iter(self.entries)))
+
+    def lookup(self, version: int, prompt: list[int]) -> tuple[int, list[tuple[mx.array, mx.array]] | None]:
+        """(n, per-layer KV of the first n prompt tokens) for the longest cached prefix, n < len(prompt);
+        (0, None) when nothing is cached."""
+        self.lookups += 1
+        self.lookup_tokens += len(prompt)
+        found = None
+        for chain in reversed(self._chain(prompt[:-1])):
+            ident = self.index.get((version, chain))
+            if ident is not None and ident in self.entries:
+                found = ident
+                break
+        if found is None:
+            return 0, None
+        entry = self.entries[found]
+        self.entries.move_to_end(found)
+        limit = min(len(entry.tokens), len(prompt) - 1)
+        n = 0
+        while n < limit and entry.tokens[n] == prompt[n]:  # hashes chose it; the ids decide
+            n += 1
+        if n == 0:
+            return 0, None
+        self.hits += 1
+        self.hit_tokens += n
+        return n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]
+
+    def drop_version(self, version: int) -> None:
+        for ident in [i for i, e in self.entries.items() if e.version == version]:
+            self._evict(ident)
+
+    def _evict(self, ident: int) -> None:
+        entry = self.entries.pop(ident)
+        self.nbytes -= entry.nbytes
+        for chain in self._chain(entry.tokens):
+            if self.index.get((entry.version, chain)) == ident:
+                del self.index[(entry.version, chain)]
+
+    @property
+    def stats(self) -> dict:
+        return {"prefix_lookups": self.lookups, "prefix_hits": self.hits, "prefix_hit_tokens": self.hit_tokens,
+                "prefix_lookup_tokens": self.lookup_tokens, "prefix_cache_bytes": self.nbytes,
+                "prefix_cache_entries": len(self.entries)}

@@ -1,0 +1,107 @@
+"""The prefix cache in the scheduler: a prompt that extends a finished sequence prefills only its new tokens,
+and what it samples is what a full forward of the sequence alone gives; no KV crosses adapter versions."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from artmlx.engine.generate import Engine
+from artmlx.engine.prefix_cache import PrefixCache
+from artmlx.engine.scheduler import Request, Scheduler
+from artmlx.model.policy import adapter_weights
+from tests.engine.test_scheduler import assert_greedy_and_exact, run
+from tests.helpers import tiny_policy
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy(perturb=0.02)
+
+
+def prompt(rng, n):
+    return [int(t) for t in rng.integers(6, 100, size=n)]
+
+
+def test_turns_that_extend_a_finished_sequence_prefill_only_their_new_tokens(policy):
+    model, _ = policy
+    rng = np.random.default_rng(1)
+    scheduler = Scheduler(Engine(model), max_rows=8, prefix_cache_bytes=64 << 20)
+    first = [Request(prompt(rng, 40), 10, 0.0) for _ in range(3)]
+    run(scheduler, {0: first})
+    assert scheduler.prefill_tokens == 120 and scheduler.prefix.hits == 0
+    # the next turn of each: its whole history, then 5 new tokens (the environment's answer)
+    second = [Request(r.prompt + r.tokens + prompt(rng, 5), 10, 0.0) for r in first]
+    run(scheduler, {0: second})
+    assert scheduler.prefix.hits == 3 and scheduler.prefill_tokens == 120 + 3 * 5
+    for request in second:
+        assert_greedy_and_exact(model, request)
+    # a shorter prompt inside a cached sequence reuses all of it but its last token
+    inner = Request(first[0].prompt[:30], 4, 0.0)
+    run(scheduler, {0: [inner]})
+    assert scheduler.prefill_tokens == 120 + 15 + 1
+    assert_greedy_and_exact(model, inner)
+
+
+def test_identical_prompts_are_prefilled_once(policy):
+    model, _ = policy
+    rng = np.random.default_rng(2)
+    scheduler = Scheduler(Engine(model), max_rows=8, prefix_cache_bytes=64 << 20)
+    shared = prompt(rng, 30)
+    group = [Request(list(shared), 6, 1.0) for _ in range(6)]
+    run(scheduler, {0: group})
+    assert scheduler.prefill_tokens == 30
+    assert len({tuple(r.tokens) for r in group}) > 1  # the rows sample on their own after the shared prefill
+
+
+def test_a_new_adapter_never_reuses_the_old_ones_kv(policy):
+    model, _ = policy
+    rng = np.random.default_rng(3)
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=64 << 20)
+    first = Request(prompt(rng, 40), 8, 0.0)
+    run(scheduler, {0: [first]})
+    old = adapter_weights(model)
+    new = {name: value + 0.05 * mx.random.normal(value.shape, key=mx.random.key(7)) for name, value in old.items()}
+    scheduler.set_adapter(1, new)
+    extended = Request(first.prompt + first.tokens + [7, 8, 9], 8, 0.0)
+    run(scheduler, {0: [extended]})
+    assert scheduler.prefix.hits == 0 and extended.adapter_version == 1
+    assert_greedy_and_exact(model, extended)  # the model now holds version 1's tensors
+    # the old version's entries went with it; version 1's own sequence is reused by version 1
+    assert all(entry.version == 1 for entry in scheduler.prefix.entries.values())
+    again = Request(extended.prompt + extended.tokens + [10], 4, 0.0)
+    run(scheduler, {0: [again]})
+    assert scheduler.prefix.hits == 1
+    assert_greedy_and_exact(model, again)
+    model.load_weights(list(old.items()), strict=False)
+
+
+def test_a_small_budget_evicts_least_recently_used_and_stays_exact(policy):
+    model, _ = policy
+    rng = np.random.default_rng(4)
+    probe = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=64 << 20)
+    one = Request(prompt(rng, 40), 8, 0.0)
+    run(probe, {0: [one]})
+    entry_bytes = probe.prefix.nbytes
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=int(entry_bytes * 1.5))
+    requests = [Request(prompt(rng, 40), 8, 0.0) for _ in range(3)]
+    for request in requests:
+        run(scheduler, {0: [request]})
+    assert len(scheduler.prefix.entries) == 1 and scheduler.prefix.nbytes <= scheduler.prefix.max_bytes
+    hits = []
+    for request in reversed(requests):  # only the newest is still cached; each continuation is exact either way
+        follow = Request(request.prompt + request.tokens + [5, 6], 6, 0.0)
+        run(scheduler, {0: [follow]})
+        assert_greedy_and_exact(model, follow)
+        hits.append(scheduler.prefix.hits)
+    assert hits == [1, 1, 1]  # the newest hit; the two evicted ones were prefilled in full
+
+
+def test_lookup_matches_token_by_token_past_the_last_whole_block():
+    cache = PrefixCache(1 << 20, block=4)
+    kv = [(mx.arange(10.0).reshape(1, 10, 1), mx.arange(10.0).reshape(1, 10, 1))]
+    cache.insert(0, list(range(10)), kv)
+    n, got = cache.lookup(0, list(range(7)) + [99, 98])
+    assert n == 7 and np.array(got[0][0]).ravel().tolist() == list(range(7))
+    assert cache.lookup(1, list(range(10)))[0] == 0  # another adapter version
+    assert cache.lookup(0, [0, 1, 2])[0] == 0  # shorter than a block
+    assert cache.lookup(0, list(range(10)))[0] == 9  # at least one token is left to prefill
