@@ -54,6 +54,9 @@ class TrainConfig:
     """Tasks (groups) sampled per update."""
     group_size: int = 8
     """Episodes per task, G; advantages compare episodes within a group."""
+    min_group_size: int = 0
+    """Agent rollouts: a group whose refused or failed trajectories leave at least this many still trains
+    (advantages over the ones left); 0: every one of the G is needed."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts (the learner scales logits by the same value)."""
     max_reply_tokens: int = 8
@@ -191,6 +194,9 @@ def validate(config: TrainConfig) -> TrainConfig:
             raise ValueError(f"config field {name!r} must be one of {choices}, got {getattr(config, name)!r}")
     if config.group_size < 2:
         raise ValueError(f"config field 'group_size' must be >= 2 (advantages compare episodes), got {config.group_size}")
+    if config.min_group_size and not 2 <= config.min_group_size <= config.group_size:
+        raise ValueError(f"config field 'min_group_size' must be 0 or in [2, group_size={config.group_size}], "
+                         f"got {config.min_group_size}")
     if config.eps_low >= 1:
         raise ValueError(f"config field 'eps_low' must be < 1, got {config.eps_low}")
     if not 0 <= config.lora_dropout < 1:

@@ -128,7 +128,7 @@ class ActorService:
             self.client.stats = {"batches": batches, "groups_per_batch": per_batch,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
                                  "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
-                                 "device": device_description()}
+                                 "device": device_description(), **rollouts.stats}
             self.client.pump(0)
 
     def _report_failures(self, rollouts, final: bool = False) -> None:

@@ -89,6 +89,7 @@ class Scheduler:
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
+        self.prompt_tokens = 0  # prompt tokens of every admitted request
         self.max_rows = max_rows
         self.max_prompt_tokens = max_prompt_tokens
         self.key = mx.random.key(seed)
@@ -316,6 +317,7 @@ class Scheduler:
                 side = cache_with_prefixes(len(side.layers), [kv for _, kv in hits], self.engine.cache_block)
             logits = self.engine.prefill(side, [p[n:] for p, (n, _) in zip(prompts, hits)])
             self.prefill_tokens += sum(len(p) - n for p, (n, _) in zip(prompts, hits))
+            self.prompt_tokens += sum(len(r.prompt) for r in admitted)
             if len(prompts) < len(admitted):
                 rows = mx.array([unique[tuple(r.prompt)] for r in admitted])
                 side.select(rows)

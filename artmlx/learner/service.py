@@ -30,7 +30,7 @@ from ..evaluate import evaluate, evaluate_agent
 from ..metrics import MetricsLog
 from ..model.backend import prefer_training_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
-from ..protocol.admission import GroupLimits, inbound_message_limit
+from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
 from ..protocol.sockets import LearnerSocket
@@ -74,7 +74,8 @@ class LearnerService:
         self.fingerprint = fingerprint(config.model, self.spec)
         limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=self.model.args.vocab_size,
                              max_tokens=config.max_episode_tokens + config.max_reply_tokens,
-                             max_turns=config.max_turns, max_reply_tokens=config.max_reply_tokens)
+                             max_turns=config.max_turns, max_reply_tokens=config.max_reply_tokens,
+                             min_group_size=config.min_group_size)
         socket = LearnerSocket(bind, keys=keys, insecure=insecure, max_message_bytes=inbound_message_limit(limits))
         self.hub = LearnerHub(socket, dataclasses.asdict(config),
                               self.fingerprint, max_in_flight=config.resolved_max_in_flight, consumed=consumed,
@@ -278,6 +279,7 @@ class LearnerService:
         self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
                         "final": True, **self._group_counts(), **self.hub.ledger(),
                         "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
+                        **self.hub.actor_totals(AGENT_STATS),
                         "stop_reason": reason})
         self.hub.socket.close()
         if self.agent_eval is not None:

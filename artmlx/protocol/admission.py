@@ -4,7 +4,8 @@ The codec (codec.py) guarantees a well-formed message: types, ranges, dtypes, fi
 consistent lengths. An actor with a valid key can still send a well-formed group that breaks or
 poisons training, so every group is also checked against the run it claims to belong to:
 
-- its episode count is the run's `group_size` (the trainer stacks rewards per group);
+- its episode count is the run's `group_size`, or at least `min_group_size` when the run allows groups
+  shortened by refused agent trajectories (the trainer computes advantages per group, any size);
 - every token id is below the model's vocabulary size (an out-of-range id is an out-of-bounds
   gather in MLX: a crash, not an exception);
 - no episode is longer than the engine could have produced (`max_tokens`: the KV slots of one
@@ -37,8 +38,11 @@ REWARD_LIMIT = 1e6
 LOGPROB_FLOOR = -100.0
 
 # What actors may report in heartbeats, and its type: anything else is dropped.
+AGENT_STATS = ("rollouts_played", "rollout_failures", "trajectories_refused", "groups_dropped", "groups_short",
+               "prompt_tokens", "prefill_tokens")
+"""Counts an actor playing agent rollouts reports (totals over its life), summed in the run's final row."""
 NUMERIC_STATS = ("batches", "groups_per_batch", "gen_tokens_per_s", "peak_memory_gb", "groups_sent",
-                 "groups_resent", "groups_unacked")
+                 "groups_resent", "groups_unacked", *AGENT_STATS)
 TEXT_STATS = {"device": 64}
 FLAG_STATS = ("leaving",)
 STAT_LIMIT = 1e15
@@ -54,6 +58,7 @@ class GroupLimits:
     max_tokens: int  # longest episode the engine can produce: one row's KV slots
     max_turns: int
     max_reply_tokens: int
+    min_group_size: int = 0  # 0: exactly group_size episodes
 
 
 def inbound_message_limit(limits: GroupLimits) -> int:
@@ -70,8 +75,10 @@ def group_problem(group: TrajectoryGroup, limits: GroupLimits, sender: str) -> s
     if group.env != limits.env:
         return f"group is from environment {printable(group.env)!r}, the run trains {limits.env!r}"
     episodes = len(group.lengths)
-    if episodes != limits.group_size:
-        return f"group has {episodes} episodes, the run's group_size is {limits.group_size}"
+    smallest = limits.min_group_size or limits.group_size
+    if not smallest <= episodes <= limits.group_size:
+        return (f"group has {episodes} episodes, the run's group_size is {limits.group_size}"
+                + (f" (at least {smallest})" if smallest < limits.group_size else ""))
     if len(group.tokens) and int(group.tokens.max()) >= limits.vocab_size:
         return f"token id {int(group.tokens.max())} is outside the vocabulary ({limits.vocab_size} ids)"
     longest = int(group.lengths.max())

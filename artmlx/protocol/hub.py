@@ -350,6 +350,15 @@ class LearnerHub:
         return {"groups_sent": sent, "groups_resent": sum(int(r.get("groups_resent", 0)) for r in reports),
                 "groups_in_flight": in_flight, "groups_unaccounted": sent - settled - in_flight}
 
+    def actor_totals(self, keys) -> dict:
+        """Each of `keys` summed over every actor's last stats, live or departed (only those that report it)."""
+        totals: dict = {}
+        for report in self._reports():
+            for key in keys:
+                if isinstance(report.get(key), (int, float)):
+                    totals[key] = totals.get(key, 0) + report[key]
+        return totals
+
     def actor_memory(self) -> list[float]:
         """Peak memory (GB) each actor reported, live or departed (numbers only; anything else is skipped)."""
         peaks = [r.get("peak_memory_gb") for r in self._reports()]

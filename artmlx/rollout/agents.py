@@ -16,8 +16,9 @@ ASGI transport, no socket), and the server's scheduler batches every concurrent 
 forward per decode step: the same engine the server uses. The model is named `policy`. Trajectories
 become token-exact episodes (`art/tokens.py`).
 
-Failures: an exception in user code, or a trajectory that cannot be made token-exact, drops that
-group (a group needs all G episodes) and goes into `failures` (`FailureLog`): the first failure of
+Failures: an exception in user code, or a trajectory that cannot be made token-exact, is left out of
+its group (the group is dropped when fewer than `min_group_size` remain; by default it needs all G)
+and goes into `failures` (`FailureLog`): the first failure of
 each kind is reported with its traceback, repeats only counted. After `failure_limit` failed
 rollouts in a row (no success between them) `play` raises `RolloutsFailing`, whose message names
 the function, its signature, what its first argument was and the first of those failures.
@@ -116,10 +117,12 @@ class AgentRollouts:
 
     def __init__(self, server, rollout: Callable, scenarios: list, temperature: float,
                  tick: Callable[[], bool] | None = None, tick_s: float = 0.5, failure_limit: int = 0,
-                 spec: str = ""):
+                 spec: str = "", min_group_size: int = 0):
         """`tick` is called every `tick_s` while agents play (the actor's socket: heartbeats and acks must
         flow while a batch of agents runs for minutes); True from it stops the batch. `failure_limit`
-        failed rollouts in a row raise `RolloutsFailing` (0: never). `spec` is how the run named the rollout."""
+        failed rollouts in a row raise `RolloutsFailing` (0: never). `spec` is how the run named the rollout.
+        A group whose failed or refused rollouts leave at least `min_group_size` trajectories is kept with
+        those (0: a group needs all of its rollouts)."""
         import httpx
         import openai
 
@@ -132,6 +135,8 @@ class AgentRollouts:
         self.temperature = temperature
         self.failures = FailureLog()
         self.failure_limit = failure_limit
+        self.min_group_size = min_group_size
+        self.played = self.groups_dropped = self.groups_short = 0
         self.tick, self.tick_s = tick, tick_s
         self.loop = asyncio.new_event_loop()  # one loop for the actor's life: the client's pool lives on it
         asyncio.set_event_loop(self.loop)
@@ -219,8 +224,11 @@ class AgentRollouts:
             except (TrajectoryRefused, AttributeError, TypeError, ValueError) as error:
                 self._refused(seed, outcome, error)
                 dropped = True
-        if dropped:
+        self.played += group_size
+        if dropped and len(episodes) < (self.min_group_size or group_size):
+            self.groups_dropped += 1
             return None
+        self.groups_short += dropped
         # the group is as old as its oldest sampled token (the learner's staleness bound applies to it)
         oldest = min(e.info["adapter_version"] if e.info.get("adapter_version") is not None else version
                      for e in episodes)
@@ -241,6 +249,17 @@ class AgentRollouts:
         else:
             reason = f"trajectory refused: {type(outcome).__name__} is not a Trajectory ({type(error).__name__}: {error})"[:300]
         self.failures.failed(reason, f"trajectory of scenario {seed}: {reason}")
+
+    @property
+    def stats(self) -> dict:
+        """Totals for the actor's heartbeat (`protocol.admission.AGENT_STATS`)."""
+        counts = self.failures.counts
+        refused = sum(n for reason, n in counts.items() if reason.startswith("trajectory refused"))
+        scheduler = self.server.scheduler
+        return {"rollouts_played": self.played, "rollout_failures": sum(counts.values()) - refused,
+                "trajectories_refused": refused, "groups_dropped": self.groups_dropped,
+                "groups_short": self.groups_short, "prompt_tokens": scheduler.prompt_tokens,
+                "prefill_tokens": scheduler.prefill_tokens}
 
     def failing_message(self) -> str:
         function = inspect.unwrap(self.rollout)
@@ -281,7 +300,7 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
                                      max_prompt_tokens=config.max_episode_tokens,
                                      max_tokens=config.max_episode_tokens, seed=seed), train_config=config)
     return AgentRollouts(server, rollout, scenarios, config.temperature, tick=tick, failure_limit=failure_limit,
-                         spec=config.rollout)
+                         spec=config.rollout, min_group_size=config.min_group_size)
 
 
 def wait_for_thread_exit(native_id: int, timeout_s: float = 5.0) -> None:

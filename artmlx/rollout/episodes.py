@@ -72,6 +72,11 @@ class EpisodeRollouts:
         """Nothing runs in the background here (agent rollouts stop their server thread)."""
 
     @property
+    def stats(self) -> dict:
+        """Counts for the actor's heartbeat: an environment's episodes either play or raise, none to report."""
+        return {}
+
+    @property
     def max_rows(self) -> int:
         """Episodes played at once: what the memory plan allows, unbounded without one."""
         return self.plan.rows_per_batch(self.sampling.slots_per_row) if self.plan else 1 << 30

@@ -57,6 +57,19 @@ def test_groups_of_concurrent_agent_rollouts_are_token_exact_and_failures_drop_o
     rollouts.loop.run_until_complete(rollouts.client.close())
 
 
+def test_a_group_keeps_its_good_trajectories_down_to_min_group_size(server):
+    async def sometimes(client, scenario):  # the second and fourth calls of each group fail
+        sometimes.calls += 1
+        if sometimes.calls % 4 in (2, 0):
+            raise RuntimeError("flaky tool")
+        return await load_rollout(EXAMPLE)(client, scenario)
+    sometimes.calls = 0
+    kept = AgentRollouts(server, sometimes, [], temperature=1.0, min_group_size=2).play([0], group_size=4)
+    assert [len(g.episodes) for g in kept] == [2]
+    sometimes.calls = 0
+    assert AgentRollouts(server, sometimes, [], temperature=1.0, min_group_size=3).play([0], group_size=4) == []
+
+
 def test_rollout_and_scenario_specs_are_checked(tmp_path):
     with pytest.raises(RolloutLoadError, match="must be module:name"):
         load_rollout("no_colon")

@@ -71,6 +71,9 @@ def test_an_art_signature_rollout_trains_and_is_evaluated_on_its_eval_scenarios(
         assert 0 <= row["eval_metric_win"] <= 1 and -0.5 <= row["eval_reward_mean"] <= 1
     assert "group dropped" not in output and "terminate called" not in output
     assert "actors exited with [0, 0]" in output
+    final = next(r for r in read_metrics(run) if r.get("final"))  # the actors' agent counts, summed
+    assert final["rollouts_played"] >= final["groups_trained"] * 4 and final["trajectories_refused"] == 0
+    assert final["groups_dropped"] == 0 and 0 < final["prefill_tokens"] <= final["prompt_tokens"]
 
 
 @pytest.mark.slow

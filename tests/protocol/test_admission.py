@@ -1,5 +1,6 @@
 """Groups checked against the run (admission.py): property tests over well-formed but wrong groups."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -62,6 +63,11 @@ def test_wrong_group_size_and_long_episodes_are_named():
     # 20 sampled tokens in one episode: more than 2 replies of 8.
     assert "sampled tokens" in group_problem(honest_group(lengths=(30, 30, 30, 30), replies=(10, 10)), LIMITS, "a")
     assert group_problem(honest_group(lengths=(30, 30, 30, 30), replies=(8, 8)), LIMITS, "a") == ""
+    # a run that allows groups shortened by refused agent trajectories takes 3 of 4, not 1 or 5
+    shortened = dataclasses.replace(LIMITS, min_group_size=3)
+    assert group_problem(honest_group(lengths=(12, 10, 14)), shortened, "a") == ""
+    assert "at least 3" in group_problem(honest_group(lengths=(12, 10)), shortened, "a")
+    assert "group_size is 4" in group_problem(honest_group(lengths=(12,) * 5), shortened, "a")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

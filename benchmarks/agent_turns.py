@@ -1,0 +1,140 @@
+"""Multi-turn agents at a real vocabulary: token-exact turns and the prefix cache, side by side in one run.
+
+Part 1 (one process, `--groups` groups of `--group-size` agents of examples/synthetic_agent.py, every
+reply appended as text and the conversation resent, through the real openai client on the engine's
+scheduler): the same workload three ways on one loaded model,
+  - `text`:     the server renders every request's messages again (conversation memory off) and
+                prefills every prompt whole (prefix cache off): what artmlx did before;
+  - `exact`:    conversation memory on (token-exact prompts), prefix cache off;
+  - `cached`:   both on (the default).
+For each: groups kept (a group needs all G trajectories), trajectories refused and why, prompt
+tokens submitted against tokens prefilled, and wall time.
+
+Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
+`--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state.
+
+    python benchmarks/agent_turns.py [--model PATH] [--groups 16 --group-size 8] [--pipeline] --json OUT.json
+
+Without `--model` it builds Qwen2.5's 151,936-token BPE over two small random layers (as the tests do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def small_synth() -> str:
+    from artmlx.model.synth import synthesize
+
+    out = Path(tempfile.gettempdir()) / "artmlx-bench-qwen-small"
+    if not (out / "config.json").exists():
+        synthesize("qwen2.5-0.5b", out, shape_overrides={"hidden_size": 128, "num_hidden_layers": 2,
+                                                         "intermediate_size": 256, "num_attention_heads": 4,
+                                                         "num_key_value_heads": 2})
+    return str(out)
+
+
+def play(model: str, groups: int, group_size: int, rows: int) -> dict:
+    from artmlx.rollout.agent_code import load_rollout
+    from artmlx.rollout.agents import MODEL_NAME, AgentRollouts
+    from artmlx.serve.model_server import ModelServer, ServeConfig
+
+    rollout = load_rollout(str(ROOT / "examples" / "synthetic_agent.py") + ":rollout")
+    server = ModelServer(ServeConfig(model=model, name=MODEL_NAME, max_rows=rows, max_prompt_tokens=16384,
+                                     max_tokens=1024))
+    rollouts = AgentRollouts(server, rollout, [], temperature=1.0)
+    cache, capacity = server.scheduler.prefix, server.conversations.capacity
+    results = {}
+    rollouts.play(list(range(1000, 1000 + max(1, rows // group_size))), group_size)  # warm-up: compile kernels
+    for name, exact, cached in (("text", False, False), ("exact", True, False), ("cached", True, True)):
+        scheduler = server.scheduler
+        scheduler.prefix = cache if cached else None
+        if cached:
+            cache.entries.clear(), cache.index.clear()
+            cache.nbytes = 0
+        server.conversations.capacity = capacity if exact else 0
+        server.conversations._replies.clear()
+        before = (scheduler.prompt_tokens, scheduler.prefill_tokens, collections.Counter(rollouts.failures.counts))
+        started = time.perf_counter()
+        kept = []
+        for start in range(0, groups, max(1, rows // group_size)):
+            seeds = list(range(start, min(groups, start + max(1, rows // group_size))))
+            kept += rollouts.play(seeds, group_size)
+        wall = time.perf_counter() - started
+        refused = rollouts.failures.counts - before[2]
+        results[name] = {
+            "groups": groups, "groups_kept": len(kept), "groups_kept_frac": len(kept) / groups,
+            "trajectories": groups * group_size, "trajectories_refused": sum(refused.values()),
+            "refusal_reasons": {reason[:160]: n for reason, n in refused.most_common(3)},
+            "prompt_tokens": scheduler.prompt_tokens - before[0], "prefill_tokens": scheduler.prefill_tokens - before[1],
+            "wall_s": round(wall, 2)}
+        results[name]["prefill_frac"] = results[name]["prefill_tokens"] / max(results[name]["prompt_tokens"], 1)
+        print(f"{name:7s}: {len(kept)}/{groups} groups kept, {results[name]['trajectories_refused']} trajectories "
+              f"refused, prefilled {results[name]['prefill_tokens']:,} of {results[name]['prompt_tokens']:,} prompt "
+              f"tokens ({results[name]['prefill_frac']:.1%}), {wall:.1f} s", flush=True)
+    rollouts.close()
+    return results
+
+
+def pipeline(model: str, steps: int, out: Path) -> dict:
+    from artmlx.bench.pipeline import _launch, _env_setting, summarize
+
+    workload = {"prompt_tokens": int(os.environ.get("SYNTHETIC_PROMPT_TOKENS", "256")),
+                "turns": int(os.environ.get("SYNTHETIC_TURNS", "4")),
+                "user_tokens": int(os.environ.get("SYNTHETIC_USER_TOKENS", "32"))}
+    reply = os.environ.get("SYNTHETIC_MAX_TOKENS", "64")
+    common = ["run", "--actors", "1", "--plain", "--model", model, "--env", "synthetic", "--steps", str(steps),
+              "--set", "eval_every=0", "--set", f"checkpoint_every={steps}", "--set", f"max_reply_tokens={reply}",
+              "--set", _env_setting(workload), "--set", "actor_groups_per_batch=16"]
+    results = {}
+    for name, extra in (("env", []), ("rollout", ["--rollout", str(ROOT / "examples/synthetic_agent.py") + ":rollout"])):
+        run_dir = out / name
+        wall = _launch([*common, "--out", str(run_dir), *extra], out / f"{name}.log")
+        results[name] = {"wall_s": wall, **summarize(run_dir, warmup=1)}
+        final = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+                     if json.loads(line).get("final"))
+        results[name]["final"] = {k: final.get(k) for k in ("groups_trained", "groups_stale", "rollouts_played",
+                                                             "trajectories_refused", "groups_dropped",
+                                                             "prompt_tokens", "prefill_tokens")}
+        print(f"{name}: {results[name]['seconds_per_update']:.2f} s/update, {results[name]['final']}", flush=True)
+    results["rollout_over_env"] = results["rollout"]["seconds_per_update"] / results["env"]["seconds_per_update"]
+    print(f"--rollout / --env time per update: {results['rollout_over_env']:.2f}x", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=64, help="requests decoded together")
+    parser.add_argument("--pipeline", action="store_true")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    model = args.model or small_synth()
+    report = {"command": " ".join(sys.argv), "model": model,
+              "workload": {k: os.environ.get(k) for k in ("SYNTHETIC_PROMPT_TOKENS", "SYNTHETIC_TURNS",
+                                                          "SYNTHETIC_USER_TOKENS", "SYNTHETIC_MAX_TOKENS")},
+              "turns": play(model, args.groups, args.group_size, args.rows)}
+    if args.pipeline:
+        report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
