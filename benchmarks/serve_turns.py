@@ -1,0 +1,135 @@
+"""Multi-turn chat serving: `artmlx serve` against `mlx_lm.server`, side by side, on agent-shaped workloads.
+
+    python benchmarks/serve_turns.py --model FOLDER [--workloads 32x1000x4,32x1000x1,32x20x4,1x1000x4] [--json FILE]
+
+A workload CxSxT is C concurrent conversations, each with the same system prompt of S random
+three-letter words (one token each on `artmlx model synth` tokenizers), then T turns of a 32-word
+user message and a reply of `--max-tokens` tokens; each turn resends the whole conversation with
+the previous replies as text (what an agent does). Throughput is completion tokens per wall second
+through the real `openai` client on loopback. A random-weight model almost never ends a reply, so
+every reply runs to `--max-tokens` on both servers. Each server gets a warm-up pass first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from artmlx.model.tiny import resolve_model  # noqa: E402
+from artmlx.netutil import free_port  # noqa: E402
+from artmlx.serve import run_server  # noqa: E402
+from artmlx.serve.model_server import ModelServer, ServeConfig  # noqa: E402
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(3)) for _ in range(count))
+
+
+def conversations(client: openai.OpenAI, model: str, count: int, system: int, turns: int, max_tokens: int,
+                  seed: int) -> dict:
+    shared = words(random.Random(seed), system)
+    tokens = [0] * count
+
+    def talk(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        messages = [{"role": "system", "content": shared}]
+        for _ in range(turns):
+            messages.append({"role": "user", "content": words(rng, 32)})
+            reply = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
+                                                   temperature=1.0)
+            tokens[i] += reply.usage.completion_tokens
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=talk, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 2), "completion_tokens": sum(tokens), "tokens_per_s": sum(tokens) / seconds}
+
+
+def run_workloads(client, model: str, workloads, max_tokens: int) -> dict:
+    conversations(client, model, 8, 64, 2, 8, seed=99)  # warm-up: kernels compile
+    out = {}
+    for count, system, turns in workloads:
+        out[f"{count}x{system}x{turns}"] = conversations(client, model, count, system, turns, max_tokens, seed=1)
+        print(f"  {count}x{system}x{turns}: {out[f'{count}x{system}x{turns}']}", flush=True)
+    return out
+
+
+def wait_up(port: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("the server did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--workloads", default="32x1000x4,32x1000x1,32x20x4,1x1000x4")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
+    rows = max(c for c, _, _ in workloads)
+    report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "max_tokens": args.max_tokens,
+              "command": " ".join(sys.argv)}
+
+    server = ModelServer(ServeConfig(model=args.model, max_rows=rows, max_tokens=args.max_tokens,
+                                     max_prompt_tokens=16384))
+    port, ready = free_port(), threading.Event()
+    http = run_server(server, "127.0.0.1", port, "", ready=ready)
+    ready.wait(60)
+    print("artmlx serve", flush=True)
+    report["artmlx"] = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
+                                                   timeout=3600), args.model, workloads, args.max_tokens)
+    report["artmlx_prefix"] = server.scheduler.prefix.stats
+    report["artmlx_prefill_tokens"], report["artmlx_prompt_tokens"] = (server.scheduler.prefill_tokens,
+                                                                       server.scheduler.prompt_tokens)
+    report["artmlx_conversation_hits"] = server.conversations.hits
+    http.should_exit = True
+    http.thread.join(10)
+    server.close()
+
+    mlx_port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", resolve_model(args.model),
+                                "--port", str(mlx_port), "--max-tokens", str(args.max_tokens)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_up(mlx_port)
+        print("mlx_lm.server", flush=True)
+        report["mlx_lm"] = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{mlx_port}/v1", api_key="-",
+                                                       timeout=3600), resolve_model(args.model), workloads,
+                                         args.max_tokens)
+    finally:
+        process.terminate()
+        process.wait(30)
+    report["ratio"] = {name: report["artmlx"][name]["tokens_per_s"] / report["mlx_lm"][name]["tokens_per_s"]
+                       for name in report["artmlx"]}
+    print(json.dumps(report["ratio"], indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
