@@ -20,7 +20,7 @@ from .fast_blas import blas_description
 from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .learner.trainer import GRPOTrainer
 from .metrics import MetricsLog
-from .model.backend import prefer_training_attention
+from .model.backend import prefer_mlx_attention
 from .model.policy import LoraSpec, load_policy, save_adapters
 from .rollout.episodes import EpisodeRollouts, SamplingParams
 from .rundir import prepare_run_dir
@@ -31,7 +31,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         raise ValueError("rollout agents are played by actors: use `artmlx run --rollout ...` (or MLXBackend in "
                          "an ART script); `artmlx train` plays environments")
     run_dir = prepare_run_dir(config, resume)
-    prefer_training_attention()
+    prefer_mlx_attention()
     budget = resolve_budget(config.memory_budget_gb)
     apply_limits(budget)
     mx.random.seed(config.seed)

@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--rows", type=int, default=64, help="requests decoded together")
     parser.add_argument("--pipeline", action="store_true")
+    parser.add_argument("--pipeline-only", action="store_true", help="Part 2 alone.")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
@@ -128,8 +129,8 @@ def main() -> None:
     report = {"command": " ".join(sys.argv), "model": model,
               "workload": {k: os.environ.get(k) for k in ("SYNTHETIC_PROMPT_TOKENS", "SYNTHETIC_TURNS",
                                                           "SYNTHETIC_USER_TOKENS", "SYNTHETIC_MAX_TOKENS")},
-              "turns": play(model, args.groups, args.group_size, args.rows)}
-    if args.pipeline:
+              "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows)}
+    if args.pipeline or args.pipeline_only:
         report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

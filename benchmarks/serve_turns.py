@@ -87,6 +87,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--workloads", default="32x1000x4,32x1000x1,32x20x4,1x1000x4")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prefix-cache-mb", type=int, default=1024)
+    parser.add_argument("--artmlx-only", action="store_true", help="No mlx_lm.server runs (profiling).")
     parser.add_argument("--json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
@@ -95,21 +97,26 @@ def main() -> None:
               "command": " ".join(sys.argv)}
 
     server = ModelServer(ServeConfig(model=args.model, max_rows=rows, max_tokens=args.max_tokens,
-                                     max_prompt_tokens=16384))
+                                     max_prompt_tokens=16384, prefix_cache_mb=args.prefix_cache_mb))
     port, ready = free_port(), threading.Event()
     http = run_server(server, "127.0.0.1", port, "", ready=ready)
     ready.wait(60)
     print("artmlx serve", flush=True)
     report["artmlx"] = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
                                                    timeout=3600), args.model, workloads, args.max_tokens)
-    report["artmlx_prefix"] = server.scheduler.prefix.stats
+    report["artmlx_prefix"] = server.scheduler.prefix.stats if server.scheduler.prefix else None
     report["artmlx_prefill_tokens"], report["artmlx_prompt_tokens"] = (server.scheduler.prefill_tokens,
                                                                        server.scheduler.prompt_tokens)
     report["artmlx_conversation_hits"] = server.conversations.hits
+    report["artmlx_scheduler"] = {**server.scheduler.counts, "decode_forwards": server.scheduler.decode_forwards,
+                                  "tokens_sampled": server.scheduler.tokens_sampled}
     http.should_exit = True
     http.thread.join(10)
     server.close()
 
+    if args.artmlx_only:
+        print(json.dumps({k: report[k] for k in report if k.startswith("artmlx_")}, indent=1))
+        return
     mlx_port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", resolve_model(args.model),
                                 "--port", str(mlx_port), "--max-tokens", str(args.max_tokens)],

@@ -25,7 +25,7 @@ from mlx.utils import tree_map
 from ..config import load_config
 from ..engine.memory import GB, apply_limits, plan_for, resolve_budget
 from ..learner.trainer import GRPOTrainer
-from ..model.backend import prefer_training_attention
+from ..model.backend import prefer_mlx_attention
 from ..model.policy import LoraSpec, load_policy
 from ..trajectory import Episode, Group
 
@@ -87,7 +87,7 @@ class MlxLmStep:
 
 def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, batch_tokens: int = 0,
         budget_gb: float = 0.0, rank: int = 16, echo=print) -> dict:
-    prefer_training_attention()
+    prefer_mlx_attention()
     budget = resolve_budget(budget_gb)
     apply_limits(budget)
     mx.random.seed(0)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
@@ -90,6 +91,9 @@ class Scheduler:
         self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.prompt_tokens = 0  # prompt tokens of every admitted request
+        # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
+        # the cache slots they attend over, compactions, seconds spent admitting (prefill included)
+        self.counts = collections.Counter()
         self.max_rows = max_rows
         self.max_prompt_tokens = max_prompt_tokens
         self.key = mx.random.key(seed)
@@ -186,10 +190,14 @@ class Scheduler:
         """Run pending calls, admit, then for each adapter version's batch: sample one token for every
         request, retire the finished, one forward. Returns the requests that finished in this step."""
         self._run_calls()
+        started = time.perf_counter()
         self._admit()
+        self.counts["admit_s"] += time.perf_counter() - started
         done = []
         for batch in list(self.batches.values()):
             self._load(batch.version)
+            self.counts["rows_stepped"] += len(batch.running)
+            self.counts["slots_stepped"] += batch.cache.used * len(batch.running)
             done += self._step_batch(batch)
             if not batch.running:
                 del self.batches[batch.version]
@@ -276,6 +284,7 @@ class Scheduler:
             next_logits = next_logits[rows]
             if batch.cache.used > 2 * int(batch.cache.offset.max().item()) + 64:
                 compact(batch.cache)
+                self.counts["compactions"] += 1
         batch.logits = next_logits  # evaluated by the next step's async_eval, with that step's sampling
         return done
 
@@ -291,6 +300,9 @@ class Scheduler:
         with self.lock:
             free = self.max_rows - sum(len(b.running) for b in self.batches.values())
             admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        if admitted:
+            self.counts["admissions"] += 1
+            self.counts["admitted"] += len(admitted)
         by_version: dict[int, list[Request]] = {}
         for request in admitted:
             by_version.setdefault(self.adapter_version if request.version is None else request.version,

@@ -28,7 +28,7 @@ from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env, outcomes_of
 from ..evaluate import evaluate, evaluate_agent
 from ..metrics import MetricsLog
-from ..model.backend import prefer_training_attention
+from ..model.backend import prefer_mlx_attention
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
 from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
@@ -54,7 +54,7 @@ class LearnerService:
             load_scenarios(config.scenarios)
             self.eval_scenarios = load_scenarios(config.eval_scenarios, "eval_scenarios")
         self.run_dir = prepare_run_dir(config, resume)
-        prefer_training_attention()
+        prefer_mlx_attention()
         budget = resolve_budget(config.memory_budget_gb)
         apply_limits(budget)
         mx.random.seed(config.seed)

@@ -20,6 +20,7 @@ from ..chat import ChatFormat
 from ..engine.generate import Engine
 from ..engine.sampling import Options
 from ..engine.scheduler import BASE_VERSION, Request, Scheduler
+from ..model.backend import prefer_mlx_attention
 from ..model.policy import LoraSpec, adapter_weights, base_adapter_weights, load_policy, load_policy_with_adapters
 from .conversations import Conversations
 from .tools import ToolCallParser
@@ -76,6 +77,7 @@ class ModelServer:
 
     def _serve(self) -> None:
         config = self.config
+        prefer_mlx_attention()  # prefill shapes change with every admission (see model/backend.py)
         try:
             if config.adapters:
                 self.model, self.tokenizer = load_policy_with_adapters(Path(config.adapters), config.model or None)

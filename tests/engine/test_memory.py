@@ -54,12 +54,12 @@ def test_a_loaded_model_counts_the_copies_of_its_dequantizing_layers(synth_polic
 
 
 def test_training_processes_choose_mlx_attention_unless_the_user_chose(monkeypatch):
-    from artmlx.model.backend import prefer_training_attention
+    from artmlx.model.backend import prefer_mlx_attention
     monkeypatch.delenv("MLX_CUDA_USE_CUDNN_SDPA", raising=False)
-    prefer_training_attention()
+    prefer_mlx_attention()
     assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"
     monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "1")
-    prefer_training_attention()
+    prefer_mlx_attention()
     assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "1"
 
 
