@@ -168,12 +168,13 @@ class LearnerHub:
                                                  policy_version=self.policy_version))
             return None
         self._heard(info)
+        if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
+            self._depart(identity, typed_stats(message.stats))  # at shutdown, or on its own (a signal): let it go
+            return None
         if self.closing is not None:
-            # Shutting down: an actor that says it is leaving is let go; every group is acknowledged (a
-            # copy of a consumed one as duplicate: its ack was lost), so actors leave holding nothing.
-            if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
-                self._depart(identity, typed_stats(message.stats))
-            elif isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
+            # Shutting down: every group is acknowledged (a copy of a consumed one as duplicate: its ack was
+            # lost), so actors leave holding nothing.
+            if isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
                 self.counts["duplicate"] += 1
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
             elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
@@ -182,9 +183,6 @@ class LearnerHub:
                 self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
-            return None
-        if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
-            self._depart(identity, typed_stats(message.stats))  # it stops on its own (a signal): let it go now
             return None
         if isinstance(message, Heartbeat):
             info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
@@ -343,30 +341,25 @@ class LearnerHub:
         killed process.
         Counts restart with a learner process, so after `--resume` the ledger covers this process only.
         """
-        reports = [self.departed_totals, *self._reports()]
-        sent = sum(int(r.get("groups_sent", 0)) for r in reports)
-        in_flight = sum(int(r.get("groups_unacked", 0)) for r in reports)
+        sent, in_flight, resent = (int(self.departed_totals.get(key, 0) + sum(self._reported(key)))
+                                   for key in ("groups_sent", "groups_unacked", "groups_resent"))
         settled = sum(self.counts[k] for k in ("trained", "stale", "rejected"))
-        return {"groups_sent": sent, "groups_resent": sum(int(r.get("groups_resent", 0)) for r in reports),
-                "groups_in_flight": in_flight, "groups_unaccounted": sent - settled - in_flight}
+        return {"groups_sent": sent, "groups_resent": resent, "groups_in_flight": in_flight,
+                "groups_unaccounted": sent - settled - in_flight}
 
     def actor_totals(self, keys) -> dict:
         """Each of `keys` summed over every actor's last stats, live or departed (only those that report it)."""
-        totals: dict = {}
-        for report in self._reports():
-            for key in keys:
-                if isinstance(report.get(key), (int, float)):
-                    totals[key] = totals.get(key, 0) + report[key]
-        return totals
+        return {key: sum(values) for key in keys if (values := self._reported(key))}
 
     def actor_memory(self) -> list[float]:
-        """Peak memory (GB) each actor reported, live or departed (numbers only; anything else is skipped)."""
-        peaks = [r.get("peak_memory_gb") for r in self._reports()]
-        return [round(float(p), 3) for p in peaks if isinstance(p, (int, float)) and not isinstance(p, bool)]
+        """Peak memory (GB) each actor reported, live or departed."""
+        return [round(float(peak), 3) for peak in self._reported("peak_memory_gb")]
 
-    def _reports(self) -> list[dict]:
-        """The last stats of every actor, departed or live."""
-        return [*self.departed.values(), *(info.stats for info in self.actors.values())]
+    def _reported(self, key: str) -> list:
+        """`key` from the last stats of every actor, departed or live, that reported it (stats are typed on
+        receipt, `admission.typed_stats`: numeric keys hold finite non-negative numbers)."""
+        return [stats[key] for stats in (*self.departed.values(), *(info.stats for info in self.actors.values()))
+                if key in stats]
 
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""
