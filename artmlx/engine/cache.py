@@ -32,6 +32,10 @@ class RowState:
         self.used = 0  # slots written so far (real or hole)
         self.n_new: mx.array | None = None
         self.width = 0
+        # Known on the host: every slot below `used` is real in every row (one sequence, or rows that
+        # grew alike). Attention then needs no mask array: None for one new token, "causal" for a chunk,
+        # as mlx-lm's KVCache gives, which lets MLX take its fused attention and saves the mask's kernels.
+        self.dense = True
 
     @property
     def rows(self) -> int:
@@ -55,6 +59,8 @@ class LayerKV:
         if window_size is not None:
             raise ValueError("the ragged cache does not support sliding-window attention")
         state = self.state
+        if state.dense and not return_array:
+            return None if N == 1 else "causal"
         causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
         rows, used = state.rows, state.used
         old = mx.broadcast_to(state.valid[:, None, None, :used], (rows, 1, N, used))
@@ -113,19 +119,23 @@ class RaggedCache:
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
 
-    def forward(self, fn, tokens: mx.array, n_new: mx.array) -> mx.array:
-        """Run `fn(tokens, cache_layers)` for a (rows, N) chunk with `n_new` real tokens per row."""
+    def forward(self, fn, tokens: mx.array, n_new) -> mx.array:
+        """Run `fn(tokens, cache_layers)` for a (rows, N) chunk with `n_new` real tokens per row (a NumPy
+        array when the host knows them, which keeps the cache's `dense` mark; an mx.array otherwise)."""
         state = self.state
-        state.n_new = n_new.astype(mx.int32)
+        n = tokens.shape[1]
+        # the chunk's own part of the mask is causal whatever its padding: only the older slots need `dense`
+        full = isinstance(n_new, np.ndarray) and bool((n_new == n).all())
+        state.n_new = n_new.astype(mx.int32) if isinstance(n_new, mx.array) else mx.array(np.asarray(n_new, np.int32))
         try:
             out = fn(tokens, self.layers)
         finally:
-            n = tokens.shape[1]
             chunk_valid = mx.arange(n)[None, :] < state.n_new[:, None]
             state.valid = mx.concatenate([state.valid[:, : state.used], chunk_valid], axis=1)
             state.offset = state.offset + state.n_new
             state.used += n
             state.n_new = None
+            state.dense = state.dense and full
         return out
 
     def select(self, rows: mx.array) -> None:
@@ -167,18 +177,12 @@ def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256) -> Ra
     cache.state.valid = mx.arange(width)[None, :] < lengths_array[:, None]
     cache.state.offset = lengths_array
     cache.state.used = width
+    cache.state.dense = min(lengths) == width
     return cache
 
 
 def make_ragged_cache(model, batch_size: int, block: int = 256) -> RaggedCache:
-    """A ragged cache for `model`; refuses models whose layers need another cache type."""
-    if hasattr(model, "make_cache"):
-        kinds = {type(c).__name__ for c in model.make_cache()}
-        if kinds != {"KVCache"}:
-            raise ValueError(
-                f"this model uses {sorted(kinds)} caches (sliding window or recurrent layers); "
-                "artmlx rollouts support full-attention models only"
-            )
+    """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once)."""
     return RaggedCache(len(model.layers), batch_size, block)
 
 
@@ -212,6 +216,7 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
     joined.state.valid = mx.concatenate([valid for _, _, valid in parts], axis=0)
     joined.state.offset = mx.concatenate([first.state.offset, second.state.offset])
     joined.state.used = used
+    joined.state.dense = first.state.dense and second.state.dense and first.used == second.used
     return joined
 
 
@@ -229,7 +234,8 @@ def compact(cache: RaggedCache) -> None:
     # slots stay in position order, which the prefix cache slices by
     slot = mx.arange(state.used)[None, :]
     order = mx.argsort(mx.where(valid, slot, slot + state.used), axis=1)
-    keep = int(valid.sum(axis=1).max().item())
+    real = np.array(valid.sum(axis=1))
+    keep = int(real.max())
     order = order[:, :keep]
     for layer in cache.layers:
         k, v = _slots(layer, state.used)
@@ -238,3 +244,4 @@ def compact(cache: RaggedCache) -> None:
         layer.values = mx.take_along_axis(v, index, axis=2)
     state.valid = mx.take_along_axis(valid, order, axis=1)
     state.used = keep
+    state.dense = int(real.min()) == keep

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..model.families import check_supported
 from ..model.parts import model_parts
 from .cache import RaggedCache, make_ragged_cache
 from .memory import MemoryPlan
@@ -39,6 +40,7 @@ class Engine:
     """Batched generation for one model; `plan` (optional) bounds prefill chunks by memory."""
 
     def __init__(self, model, plan: MemoryPlan | None = None, cache_block: int = 256):
+        check_supported(model)  # its layers must be ones the ragged cache holds
         self.model = model
         self.parts = model_parts(model)
         self.plan = plan
@@ -63,7 +65,7 @@ class Engine:
         hidden = None
         for start in range(0, width, columns):
             stop = min(start + columns, width)
-            n_new = mx.array(np.clip(lengths - start, 0, stop - start))
+            n_new = np.clip(lengths - start, 0, stop - start)
             h = cache.forward(self.parts.trunk, mx.array(padded[:, start:stop]), n_new)
             here = (last >= start) & (last < stop)
             picked = mx.take_along_axis(h, mx.array(np.clip(last - start, 0, stop - start - 1))[:, None, None], axis=1)[:, 0]

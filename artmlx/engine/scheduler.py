@@ -92,7 +92,8 @@ class Scheduler:
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.prompt_tokens = 0  # prompt tokens of every admitted request
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
-        # the cache slots they attend over, compactions, seconds spent admitting (prefill included)
+        # the cache slots they attend over, compactions, seconds spent admitting (prefill included), in
+        # decode steps, and of those waiting for the device
         self.counts = collections.Counter()
         self.max_rows = max_rows
         self.max_prompt_tokens = max_prompt_tokens
@@ -198,7 +199,9 @@ class Scheduler:
             self._load(batch.version)
             self.counts["rows_stepped"] += len(batch.running)
             self.counts["slots_stepped"] += batch.cache.used * len(batch.running)
+            started = time.perf_counter()
             done += self._step_batch(batch)
+            self.counts["decode_s"] += time.perf_counter() - started
             if not batch.running:
                 del self.batches[batch.version]
         self._forget_unused_adapters()
@@ -241,16 +244,23 @@ class Scheduler:
         tokens (`mx.async_eval`), so the device computes the next logits while the host does each
         request's bookkeeping; rows that finished in this step are dropped from its result (their
         one extra position in the cache goes with them)."""
+        built = time.perf_counter()
         self.key, step_key = mx.random.split(self.key)
         temperatures = np.array([r.temperature for r in batch.running], np.float32)
         plain = all(r.options.plain for r in batch.running)
         sampled = sample(batch.logits, temperatures, step_key, None if plain else [r.options for r in batch.running],
                          None if plain else [r.tokens for r in batch.running])
         h = batch.cache.forward(self.engine.parts.trunk, sampled.tokens[:, None],
-                                mx.ones((len(batch.running),), mx.int32))
+                                np.ones((len(batch.running),), np.int32))
         next_logits = self.engine.parts.head(h[:, -1, :])
+        launched = time.perf_counter()
+        self.counts["build_s"] += launched - built  # the host building the step's graph (Python)
         mx.async_eval(next_logits, *(a for a in sampled if a is not None))
+        waited = time.perf_counter()
+        self.counts["launch_s"] += waited - launched  # the host encoding the graph's kernels (MLX, C++)
         tokens, logprobs = np.array(sampled.tokens), np.array(sampled.logprobs)
+        # seconds the host waited for the device: near 0 means the host (graph building, bookkeeping) is the bound
+        self.counts["sync_s"] += time.perf_counter() - waited
         top = None if sampled.top_ids is None else (np.array(sampled.top_ids), np.array(sampled.top_logprobs))
         finished, keep = [], []
         for row, request in enumerate(batch.running):

@@ -15,7 +15,11 @@
 - CUDA (H200, MLX 0.32.4, bfloat16, one 1536 x 8960 projection): the 4-bit kernel takes 0.13 ms
   from 8 to 256 rows, 0.35 / 0.96 / 3.4 ms at 1,024 / 4,096 / 16,384 rows; dequantizing and
   multiplying dense takes 0.11 / 0.15 / 0.38 / 0.85 ms at 32 / 1,024 / 4,096 / 16,384 rows (at 8
-  rows, 0.16 ms: slower). So from 32 rows (batched decode, prefill, training) CUDA dequantizes too.
+  rows, 0.16 ms: slower). On the GPU alone dense would win from 32 rows, but a decode step is bound by
+  the host's cost of launching kernels, not by the device: the dense path's two launches (a dequantize
+  and a cuBLAS product, ~23 us of host time against ~8 us for the 4-bit kernel) made a 32-row decode
+  step of the 0.5B shape take 41.5 ms against 26.8 ms with the 4-bit kernel (host waiting for the device:
+  under 2 % of the step). So CUDA dequantizes from 512 rows: prefill chunks and training, never decode.
   Apple silicon keeps MLX's Metal kernels (no measurement says otherwise).
   `ARTMLX_DEQUANT_ROWS=N` sets the row threshold on any backend (0 turns the dequantizing path off).
 - CUDA, processes that train (the learner, `artmlx train`): MLX's cuDNN attention is switched off
@@ -43,7 +47,7 @@ from .rope import portable_rope_wanted, use_portable_rope
 
 DEQUANT_MIN_WEIGHTS = 1 << 16
 CPU_DEQUANT_ROWS = 8
-CUDA_DEQUANT_ROWS = 32
+CUDA_DEQUANT_ROWS = 512
 
 
 def on_cpu() -> bool:

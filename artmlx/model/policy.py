@@ -18,6 +18,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .backend import adapt_to_backend
+from .families import check_supported
 from .tiny import resolve_model
 
 ADAPTER_WEIGHTS = "adapters.safetensors"
@@ -59,6 +60,7 @@ def load_base(model_name: str):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(resolve_model(model_name))
+    check_supported(model, model_name)  # at load, in every command: before any work is done with it
     adapt_to_backend(model)
     model.freeze()
     return model, tokenizer

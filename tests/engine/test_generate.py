@@ -102,3 +102,43 @@ def test_chunked_prefill_with_the_portable_rope(policy):
     engine = Engine(model, MemoryPlan(budget=0, shape=ModelShape.of(model)))
     logits = engine.prefill(engine.new_cache(len(prompts)), prompts)
     np.testing.assert_allclose(np.array(logits), expected, atol=2e-4, rtol=1e-4)
+
+
+def _decode_logits(model, cache, sequence, steps, array_masks):
+    """Prefill `sequence` in one row and feed `steps` more tokens, with or without the dense shortcut."""
+    from artmlx.engine import cache as cache_module
+
+    original = cache_module.LayerKV.make_mask
+    if array_masks:
+        cache_module.LayerKV.make_mask = lambda self, N, return_array=False, **kw: original(self, N, True, **kw)
+    try:
+        out = [Engine(model).prefill(cache, [sequence])]
+        for token in steps:
+            h = cache.forward(lambda x, c: model(x, cache=c), mx.array([[token]]), np.ones((1,), np.int32))
+            out.append(h[:, -1])
+        return np.array(mx.concatenate(out))
+    finally:
+        cache_module.LayerKV.make_mask = original
+
+
+def test_a_dense_cache_gives_attention_no_mask_array_and_the_same_logits(policy):
+    """One sequence (no holes): attention gets None / "causal", as from mlx-lm's KVCache, with the
+    logits of the array-masked path exactly; holes (ragged rows, a join) bring the array mask back."""
+    from artmlx.engine.cache import join_caches
+
+    model, _ = policy
+    rng = np.random.default_rng(3)
+    sequence, steps = _chunks(rng, (11,))[0], [7, 42, 9]
+    dense = make_ragged_cache(model, 1)
+    fast = _decode_logits(model, dense, sequence, steps, array_masks=False)
+    assert dense.state.dense and dense.layers[0].make_mask(1) is None and dense.layers[0].make_mask(4) == "causal"
+    exact = _decode_logits(model, make_ragged_cache(model, 1), sequence, steps, array_masks=True)
+    assert np.array_equal(fast, exact)
+
+    ragged = make_ragged_cache(model, 2)
+    Engine(model).prefill(ragged, _chunks(rng, (3, 5)))
+    assert not ragged.state.dense and isinstance(ragged.layers[0].make_mask(1), mx.array)
+    other = make_ragged_cache(model, 1)
+    Engine(model).prefill(other, _chunks(rng, (4,)))
+    assert other.state.dense
+    assert not join_caches(dense, other).state.dense  # the shorter row is padded with holes

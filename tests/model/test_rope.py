@@ -41,3 +41,14 @@ def test_llama3_frequencies_match_the_fused_kernel(offset):
         offset = mx.array([0, 9000, 3, 70000], dtype=mx.int32)
     portable = PortableRoPE(32, freqs=llama._freqs)
     np.testing.assert_allclose(np.array(portable(x, offset=offset)), np.array(llama(x, offset=offset)), atol=1e-4)
+
+
+def test_narrow_inputs_take_the_fused_kernel_and_wide_ones_the_portable_rotation():
+    """CUDA keeps mx.fast.rope below `fused_below_rows` rows (host launch cost) and the plain ops above."""
+    offset = mx.array([3, 40, 7, 0], dtype=mx.int32)
+    x = mx.random.normal((4, 2, 1, 32), key=mx.random.key(2))
+    fused = mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=offset)
+    narrow = PortableRoPE(32, fused_below_rows=5)(x, offset=offset)
+    wide = PortableRoPE(32, fused_below_rows=4)(x, offset=offset)
+    assert np.array_equal(np.array(narrow), np.array(fused))
+    np.testing.assert_allclose(np.array(wide), np.array(fused), atol=1e-5)

@@ -1,0 +1,78 @@
+"""Which of mlx-lm's model families artmlx runs, and the text model inside a multimodal checkpoint.
+
+Multimodal checkpoints (Mistral 3 / Ministral 3 as published, Gemma 3/4, Qwen3.5) nest the language model:
+their config holds it under `text_config` and mlx-lm's wrapper class keeps it as `model.language_model`
+(a complete mlx-lm text model with its own `args`, `model` trunk and head), loading only its weights.
+artmlx trains and serves that text tower; the wrapper's `__call__` for text inputs is the tower's.
+
+The engine caches keys and values in its ragged cache (`engine/cache.py`), which is what mlx-lm's
+`KVCache` holds. A family whose layers make another cache (sliding-window layers make
+`RotatingKVCache`; recurrent ones, Gated DeltaNet, convolutions and Mamba, make `ArraysCache`) is
+refused when it is loaded, by every command, naming those layers.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import mlx.nn as nn
+
+SUPPORTED_CACHES = {"KVCache"}
+CACHE_KINDS = {
+    "RotatingKVCache": "sliding-window attention",
+    "ArraysCache": "recurrent state (Gated DeltaNet, convolution or Mamba layers)",
+    "MambaCache": "recurrent state (Mamba layers)",
+    "ChunkedKVCache": "chunked attention",
+    "QuantizedKVCache": "a quantized KV cache",
+    "CacheList": "several caches per layer",
+}
+
+
+def text_model(model: nn.Module) -> nn.Module:
+    """The language model: `model.language_model` in mlx-lm's multimodal wrappers, else `model` itself."""
+    inner = getattr(model, "language_model", None)
+    return inner if isinstance(inner, nn.Module) and hasattr(inner, "args") else model
+
+
+def text_args(model: nn.Module):
+    """The language model's config (mlx-lm ModelArgs): hidden size, heads, vocabulary, ..."""
+    return text_model(model).args
+
+
+def vocab_size(model: nn.Module) -> int:
+    return text_args(model).vocab_size
+
+
+def unsupported_layers(model: nn.Module) -> dict[str, list[int]]:
+    """Cache type -> the layers that make it, for every cache type the engine does not hold."""
+    if not hasattr(model, "make_cache"):
+        return {}
+    layers = collections.defaultdict(list)
+    for index, cache in enumerate(model.make_cache()):
+        kind = type(cache).__name__
+        if kind not in SUPPORTED_CACHES:
+            layers[kind].append(index)
+    return dict(layers)
+
+
+def check_supported(model: nn.Module, name: str = "this model") -> None:
+    """Raise ValueError naming the layers artmlx cannot run yet (what mlx-lm caches for them)."""
+    found = unsupported_layers(model)
+    if not found:
+        return
+    model_type = getattr(text_args(model), "model_type", "?")
+    parts = [f"{len(rows)} layer(s) with {CACHE_KINDS.get(kind, kind)} ({kind}: layers {_ranges(rows)})"
+             for kind, rows in found.items()]
+    raise ValueError(f"{name} (model type {model_type!r}) has {'; '.join(parts)}. artmlx runs models whose every "
+                     "layer is full attention with a KV cache (Qwen2/2.5/3, Qwen3-MoE, Llama, Mistral/Ministral, "
+                     "SmolLM3, and such text towers of multimodal checkpoints); sliding-window and recurrent "
+                     "layers are not supported yet.")
+
+
+def _ranges(rows: list[int]) -> str:
+    out, start = [], rows[0]
+    for previous, current in zip(rows, rows[1:] + [None]):
+        if current != previous + 1:
+            out.append(str(start) if start == previous else f"{start}-{previous}")
+            start = current
+    return ", ".join(out)
