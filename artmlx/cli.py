@@ -86,12 +86,18 @@ def train_options(function):
 
 @cli.command()
 @train_options
-def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings):
+@click.option("--dry-run", is_flag=True, help="Estimate memory from the model's config.json and safetensors headers "
+                                              "(nothing loaded): weights, KV per row, batches, micro-batches, and "
+                                              "whether one episode fits the budget; exit 1 if it does not.")
+def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings, dry_run):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
         fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
                   "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
         config = _load_train_config(config_file, fields, settings, resume)
+        if dry_run:
+            _dry_run(config)
+            return
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .train import train as run_training
@@ -100,6 +106,31 @@ def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, se
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")
+
+
+def _dry_run(config) -> None:
+    from .engine.estimate import estimate
+    from .engine.memory import resolve_budget
+
+    facts = estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
+                     config.max_reply_tokens, config.group_size)
+    click.echo(f"model {facts['model']} on {facts['device']}, budget {facts['budget_gb']} GB "
+               f"(memory_budget_gb, or the device's default share)")
+    click.echo(f"  weights {facts['weights_gb']} GB, dense copies of 4-bit layers while training "
+               f"{facts['dense_copies_gb']} GB")
+    click.echo(f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens="
+               f"{config.max_episode_tokens}; {facts['rows_per_batch']} rows per batch "
+               f"({facts['groups_per_batch']} groups of {config.group_size}); prefill "
+               f"{facts['prefill_tokens_per_forward']} tokens per forward")
+    click.echo(f"  learner: {facts['train_mb_per_token']} MB per token; micro-batches of "
+               f"{facts['train_tokens_per_micro_batch']} tokens ({facts['episodes_per_micro_batch']} episodes of "
+               f"{config.max_episode_tokens} tokens)")
+    verdict = "fits" if facts["fits"] else "does NOT fit"
+    click.echo(f"  one {config.max_episode_tokens}-token episode needs {facts['needed_gb_for_one_episode']} GB "
+               f"with the weights: {verdict}")
+    click.echo(json.dumps(facts))
+    if not facts["fits"]:
+        raise SystemExit(1)
 
 
 def learner_main() -> None:

@@ -24,3 +24,46 @@ def learner_logprobs(model, groups, temperature: float, **settings):
     from artmlx.learner.trainer import GRPOTrainer
 
     return GRPOTrainer(model, load_config(None, {"temperature": temperature, **settings})).recompute(groups)
+
+
+TINY_DIMS = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 128,
+             "max_position_embeddings": 4096, "tie_word_embeddings": True}
+"""Small dimensions every family's config below shares (divisible by the 4-bit group size, 64)."""
+
+FAMILY_CONFIGS = {
+    "qwen3": {"model_type": "qwen3", **TINY_DIMS, "rope_theta": 10000.0},
+    # Ministral 3 as published: a multimodal wrapper whose config nests the language model
+    "mistral3": {"model_type": "mistral3", "text_config": {
+        "model_type": "ministral3", **TINY_DIMS, "rope_parameters": {
+            "rope_theta": 10000.0, "rope_type": "default", "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4096}}},
+    # sliding-window layers (mlx-lm makes RotatingKVCache for them)
+    "gemma3_text": {"model_type": "gemma3_text", **TINY_DIMS, "sliding_window": 8, "sliding_window_pattern": 2,
+                    "query_pre_attn_scalar": 16},
+}
+
+
+def family_folder(root, family: str, name: str = "", **overrides):
+    """A tiny random-weight 4-bit folder of an mlx-lm model family (its own model class lays out the
+    parameters), with the embedded model's tokenizer: what `mlx_lm.load` and artmlx load as a download."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from artmlx.model.synth import parameter_layout, random_tensors
+    from artmlx.model.tiny import tiny_model_path
+
+    folder = Path(root) / (name or family)
+    config = {**json.loads(json.dumps(FAMILY_CONFIGS[family])), **overrides,
+              "quantization": {"group_size": 64, "bits": 4, "mode": "affine"}}
+    tiny = tiny_model_path()
+    config["eos_token_id"] = json.loads((tiny / "config.json").read_text()).get("eos_token_id")
+    folder.mkdir(parents=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(random_tensors(parameter_layout(config), seed=3)),
+                        metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config))
+    for path in tiny.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            shutil.copy(path, folder / path.name)
+    return folder

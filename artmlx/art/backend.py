@@ -50,6 +50,7 @@ from ..learner.checkpoint import (ART_LAYOUT, checkpoint_dir, checkpoint_step, l
                                   load_checkpoint, save_checkpoint)
 from ..learner.grpo import LossSettings
 from ..learner.trainer import GRPOTrainer
+from ..model.families import vocab_size
 from ..model.policy import ADAPTER_WEIGHTS, LoraSpec
 from ..netutil import free_port
 from ..serve import run_server
@@ -291,7 +292,7 @@ class MLXBackend:
             await asyncio.wrap_future(self.server.call(lambda: self.server.scheduler.release(step)))
 
     def _groups(self, trajectory_groups) -> tuple[list[Group], list[str]]:
-        vocab = self.server.model.args.vocab_size
+        vocab = vocab_size(self.server.model)
         groups, refused = [], []
         for number, group in enumerate(trajectory_groups):
             episodes = []

@@ -26,6 +26,7 @@ from ..config import load_config
 from ..engine.memory import GB, apply_limits, plan_for, resolve_budget
 from ..learner.trainer import GRPOTrainer
 from ..model.backend import prefer_mlx_attention
+from ..model.families import vocab_size
 from ..model.policy import LoraSpec, load_policy
 from ..trajectory import Episode, Group
 
@@ -93,7 +94,7 @@ def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, 
     mx.random.seed(0)
     model, _, trainable = load_policy(model_path, LoraSpec(rank=rank))
     plan = plan_for(model, budget)
-    data = make_groups(groups, group_size, prompt, reply, model.args.vocab_size)
+    data = make_groups(groups, group_size, prompt, reply, vocab_size(model))
     sequences = [e.tokens for g in data for e in g.episodes]
     tokens = sum(map(len, sequences))
     probe = GRPOTrainer(model, load_config(None, {"max_batch_tokens": batch_tokens}), plan)

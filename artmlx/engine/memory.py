@@ -53,6 +53,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..model.backend import dense_weight_count
+from ..model.families import text_args
 
 DEFAULT_FRACTION = 0.75
 KV_SHARE = 0.6
@@ -117,7 +118,7 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
-        args = model.args
+        args = text_args(model)  # a multimodal checkpoint's language model
         heads = args.num_attention_heads
         head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
         floats = [v for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]

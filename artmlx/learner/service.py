@@ -29,6 +29,7 @@ from ..envs.base import make_env, outcomes_of
 from ..evaluate import evaluate, evaluate_agent
 from ..metrics import MetricsLog
 from ..model.backend import prefer_mlx_attention
+from ..model.families import vocab_size
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
 from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
@@ -72,7 +73,7 @@ class LearnerService:
             self.elapsed_before = extra.get("time", 0.0)
             self.log.truncate_after(self.trainer.step)
         self.fingerprint = fingerprint(config.model, self.spec)
-        limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=self.model.args.vocab_size,
+        limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=vocab_size(self.model),
                              max_tokens=config.max_episode_tokens + config.max_reply_tokens,
                              max_turns=config.max_turns, max_reply_tokens=config.max_reply_tokens,
                              min_group_size=config.min_group_size)

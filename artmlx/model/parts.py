@@ -17,8 +17,10 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from .families import text_model
+
 # Model types whose Model.__call__ is exactly head(model.model(inputs, cache)), nothing after the head.
-SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", "ministral3")
 
 
 @dataclass
@@ -35,6 +37,7 @@ def _identity(x: mx.array) -> mx.array:
 
 
 def model_parts(model: nn.Module) -> ModelParts:
+    model = text_model(model)  # a multimodal wrapper's language model: its __call__ for text inputs
     args = getattr(model, "args", None)
     model_type = getattr(args, "model_type", None)
     vocab = getattr(args, "vocab_size", 0)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..art.tokens import TrajectoryRefused, messages_before, trajectory_episode
+from ..model.families import vocab_size
 from ..trajectory import Group
 from .agent_code import AgentModel, signature_text, takes_model
 
@@ -219,7 +220,7 @@ class AgentRollouts:
                 continue
             try:
                 episodes.append(trajectory_episode(outcome, self.server.chat, self.temperature,
-                                                   self.server.model.args.vocab_size))
+                                                   vocab_size(self.server.model)))
                 self.failures.succeeded()
             except (TrajectoryRefused, AttributeError, TypeError, ValueError) as error:
                 self._refused(seed, outcome, error)

@@ -51,6 +51,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ..model.families import vocab_size
 from .model_server import ModelServer
 from .params import ApiError, Sampling, check_fields, parse_messages, parse_sampling, parse_tools
 
@@ -92,7 +93,7 @@ class Api:
         return body
 
     def _sampling(self, body: dict, chat: bool) -> Sampling:
-        sampling = parse_sampling(body, chat, self.server.config.max_tokens, self.server.model.args.vocab_size)
+        sampling = parse_sampling(body, chat, self.server.config.max_tokens, vocab_size(self.server.model))
         sampling.version = self.server.version_of(body["model"])
         return sampling
 
@@ -131,7 +132,7 @@ class Api:
             elif not (isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                                   for t in prompt)):
                 raise ApiError(400, "'prompt' must be a non-empty string or list of token ids", "prompt")
-            vocab = self.server.model.args.vocab_size
+            vocab = vocab_size(self.server.model)
             if any(not 0 <= t < vocab for t in prompt):
                 raise ApiError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
             return await self._generate(body["model"], prompt, sampling, chat=False)

@@ -240,9 +240,12 @@ def parse_messages(body: dict) -> list[dict]:
             raise ApiError(400, f"messages[{index}] needs a role of system, user, assistant or tool", "messages")
         content = message.get("content") or ""
         if isinstance(content, list):  # the content-parts form: text parts only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ApiError(400, f"messages[{index}]: only text content parts are supported", "messages")
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ApiError(400, f"messages[{index}]: a content part of type {kind!r}: only text parts are "
+                                   "supported (image, audio and file inputs are not: artmlx serves a model's text "
+                                   "tower, also for multimodal checkpoints)", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{index}].content must be text", "messages")

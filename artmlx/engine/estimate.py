@@ -1,0 +1,139 @@
+"""A memory estimate before loading: the plan a run would get, from a model folder's files alone.
+
+`artmlx train --dry-run` answers "will this model train here, and with what batches?" without
+reading a weight: the shape comes from `config.json` (a multimodal checkpoint's `text_config`), the
+weight bytes from the safetensors headers (tensor dtypes and shapes; the vision tower's tensors,
+which mlx-lm does not load, left out), and the sizes from the same `MemoryPlan` rules a run uses.
+The estimate's `ModelShape` equals what `ModelShape.of` reads from the loaded base (tested), so the
+rows, prefill chunks and micro-batches it reports are the run's, less the LoRA adapters (a few MB).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
+from .memory import GB, MemoryPlan, ModelShape, device_kind, slots_for
+
+SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
+                  "embed_audio", "visual.")
+"""Tensor-name parts of the towers mlx-lm's text models do not load."""
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+               "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+FLOATS = {"F64", "F32", "F16", "BF16"}
+
+
+def model_folder(name: str) -> Path:
+    """A local folder for `name`: `tiny`, a path, or a Hugging Face id already in the local cache."""
+    from ..model.tiny import resolve_model
+
+    path = Path(resolve_model(name))
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as error:  # noqa: BLE001 - any failure means: not on this machine
+        raise FileNotFoundError(f"{name} is neither a folder nor a model in the local Hugging Face cache "
+                                f"({type(error).__name__}); the estimate reads its config.json and safetensors "
+                                "headers, so download it first (or pass its folder)") from None
+
+
+def tensor_headers(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Name -> (dtype, shape) of every tensor in the folder's safetensors files (headers only)."""
+    tensors = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no .safetensors files")
+    for path in files:
+        with open(path, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                tensors[name] = (entry["dtype"], tuple(entry["shape"]))
+    return {name: t for name, t in tensors.items() if not any(part in name for part in SKIPPED_TOWERS)}
+
+
+def shape_from_folder(folder: Path, device: str | None = None) -> ModelShape:
+    """The `ModelShape` the loaded base would have on `device` (default: this machine's)."""
+    device = device or device_kind()
+    config = json.loads((folder / "config.json").read_text())
+    text = config.get("text_config") or config
+    tensors = tensor_headers(folder)
+    floats = [(dtype, _count(shape)) for dtype, shape in tensors.values() if dtype in FLOATS]
+    largest = max(floats, key=lambda f: f[1])[0] if floats else "F32"
+    on_cpu = device == "cpu"
+    activation_bytes = 4 if on_cpu else DTYPE_BYTES[largest]  # the CPU computes in float32 (model/backend.py)
+    weight_bytes = sum(_count(shape) * (4 if on_cpu and dtype in FLOATS else DTYPE_BYTES[dtype])
+                       for dtype, shape in tensors.values())
+    bits = (config.get("quantization") or text.get("quantization") or {}).get("bits", 4)
+    dense = 0
+    if _dequantizes(device):
+        for name, (dtype, shape) in tensors.items():
+            stem = name.removesuffix(".weight")
+            if name.endswith(".weight") and dtype == "U32" and f"{stem}.scales" in tensors:
+                count = shape[0] * shape[1] * 32 // bits
+                if count >= DEQUANT_MIN_WEIGHTS:
+                    dense += count * activation_bytes
+    heads = text["num_attention_heads"]
+    return ModelShape(layers=text["num_hidden_layers"], hidden=text["hidden_size"],
+                      intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
+                      kv_heads=text.get("num_key_value_heads") or heads,
+                      head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
+                      activation_bytes=activation_bytes, weight_bytes=weight_bytes, dense_copy_bytes=dense)
+
+
+def estimate(model: str, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
+             device: str | None = None) -> dict:
+    """What a run of `model` in `budget` bytes would get, and whether one episode can train at all."""
+    folder = model_folder(model)
+    check_family(folder)
+    shape = shape_from_folder(folder, device)
+    plan = MemoryPlan(budget, shape, device or device_kind())
+    slots = slots_for(max_episode_tokens, max_reply_tokens)
+    length = max_episode_tokens
+    one_sequence = shape.train_bytes_per_token(length, device=plan.device) * length
+    needed = shape.weight_bytes + shape.dense_copy_bytes + one_sequence
+    rows = plan.rows_per_batch(slots)
+    train_tokens = plan.train_tokens(length)
+    return {"model": str(folder), "device": plan.device, "budget_gb": round(budget / GB, 2),
+            "weights_gb": round(shape.weight_bytes / GB, 3),
+            "dense_copies_gb": round(shape.dense_copy_bytes / GB, 3),
+            "kv_mb_per_row": round(shape.kv_bytes_per_token * slots / 2**20, 1),
+            "rows_per_batch": rows, "groups_per_batch": max(rows // group_size, 0),
+            "prefill_tokens_per_forward": plan.prefill_tokens(slots),
+            "train_mb_per_token": round(shape.train_bytes_per_token(length, device=plan.device) / 2**20, 2),
+            "train_tokens_per_micro_batch": train_tokens,
+            "episodes_per_micro_batch": train_tokens // length,
+            "needed_gb_for_one_episode": round(needed / GB, 2), "fits": needed <= budget}
+
+
+def _count(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _dequantizes(device: str) -> bool:
+    """Whether large 4-bit layers keep a dense copy per product on `device` (model/backend.py): this
+    machine's rule for its own device; for another, the CPU's (a GPU is taken to be a Mac's)."""
+    if device == device_kind():
+        return dequant_rows() > 0
+    return device == "cpu"
+
+
+def check_family(folder: Path) -> None:
+    """Refuse a family the engine cannot run, from its config alone: mlx-lm's model class is built lazily
+    (no weight is read or allocated) to ask which caches its layers make."""
+    from mlx_lm.utils import _get_classes
+
+    from ..model.families import check_supported
+
+    config = json.loads((folder / "config.json").read_text())
+    model_class, args_class = _get_classes(config)
+    check_supported(model_class(args_class.from_dict(config)), str(folder))
