@@ -113,21 +113,23 @@ def _dry_run(config) -> None:
     from .engine.memory import resolve_budget
 
     facts = estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
-                     config.max_reply_tokens, config.group_size)
+                     config.max_reply_tokens, config.group_size, grad_checkpoint=config.grad_checkpoint)
+    length = config.max_episode_tokens
     click.echo(f"model {facts['model']} on {facts['device']}, budget {facts['budget_gb']} GB "
                f"(memory_budget_gb, or the device's default share)")
     click.echo(f"  weights {facts['weights_gb']} GB, dense copies of 4-bit layers while training "
                f"{facts['dense_copies_gb']} GB")
-    click.echo(f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens="
-               f"{config.max_episode_tokens}; {facts['rows_per_batch']} rows per batch "
-               f"({facts['groups_per_batch']} groups of {config.group_size}); prefill "
-               f"{facts['prefill_tokens_per_forward']} tokens per forward")
-    click.echo(f"  learner: {facts['train_mb_per_token']} MB per token; micro-batches of "
-               f"{facts['train_tokens_per_micro_batch']} tokens ({facts['episodes_per_micro_batch']} episodes of "
-               f"{config.max_episode_tokens} tokens)")
-    verdict = "fits" if facts["fits"] else "does NOT fit"
-    click.echo(f"  one {config.max_episode_tokens}-token episode needs {facts['needed_gb_for_one_episode']} GB "
-               f"with the weights: {verdict}")
+    click.echo(f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens={length}; "
+               f"{facts['rows_per_batch']} rows per batch ({facts['groups_per_batch']} groups of "
+               f"{config.group_size}); prefill {facts['prefill_tokens_per_forward']} tokens per forward")
+    for suffix, name in (("", "plain"), ("_checkpointed", "with per-layer gradient checkpointing")):
+        click.echo(f"  learner, {name}: {facts['train_mb_per_token' + suffix]} MB per token; one {length}-token "
+                   f"episode needs {facts['needed_gb_for_one_episode' + suffix]} GB with the weights; micro-batches "
+                   f"of {facts['train_tokens_per_micro_batch' + suffix]} tokens "
+                   f"({facts['episodes_per_micro_batch' + suffix]} episodes)")
+    chosen = "checkpointed" if facts["grad_checkpoint"] else "plain"
+    click.echo(f"  grad_checkpoint={config.grad_checkpoint}: the learner runs {chosen}; "
+               f"{'fits' if facts['fits'] else 'does NOT fit'}")
     click.echo(json.dumps(facts))
     if not facts["fits"]:
         raise SystemExit(1)
@@ -368,7 +370,7 @@ def model_group() -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced if it exists).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def model_synth(arch, out, seed):
-    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b, llama-3.2-1b/3b).
+    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b, qwen3-0.6b/4b/8b/14b, llama-3.2-1b/3b).
 
     For benchmarks only: the shapes, vocabulary, tokenizer and chat template are real, the weights random.
     """

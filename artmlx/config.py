@@ -96,6 +96,9 @@ class TrainConfig:
     """Pad sequence lengths to a multiple of this (fewer distinct shapes)."""
     compile_step: bool = False
     """Compile the loss-and-gradient step with `mx.compile` (one trace per micro-batch shape)."""
+    grad_checkpoint: str = "auto"
+    """Per-layer gradient checkpointing in the learner: "on", "off", or "auto" (on when one of the update's
+    longest episodes would not fit the memory budget's workspace without it; off with lora_dropout > 0)."""
 
     memory_budget_gb: float = 0.0
     """Memory this process (the learner, or `artmlx train`) may use for model, KV cache and activations, in GB; 0 = 75 % of the device's memory (GPU / unified memory, or RAM on a CPU), divided among the processes `artmlx run` puts on one device. Actors size themselves from their own machine (`artmlx actor --memory-budget-gb`)."""
@@ -159,6 +162,7 @@ CHOICES = {
     "adapter_wire_dtype": ("auto", "float32", "bfloat16"),
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
+    "grad_checkpoint": ("auto", "on", "off"),
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
@@ -217,6 +221,10 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise ValueError("config field 'scenarios' needs 'rollout' (environments choose their own tasks)")
     if config.eval_scenarios and not config.rollout:
         raise ValueError("config field 'eval_scenarios' needs 'rollout' (environments are evaluated on held-out seeds)")
+    if config.grad_checkpoint == "on" and config.lora_dropout > 0:
+        raise ValueError("grad_checkpoint = \"on\" with lora_dropout > 0 is not supported: a recomputed layer would "
+                         "draw new dropout masks, so the backward would not match the forward; set lora_dropout = 0 "
+                         "or grad_checkpoint = \"off\" (\"auto\" stays off with dropout)")
     if config.compile_step and config.lora_dropout > 0:
         raise ValueError("compile_step = true with lora_dropout > 0 is not supported: a compiled step would reuse "
                          "one dropout mask for every update; set compile_step = false or lora_dropout = 0")

@@ -38,9 +38,19 @@ FAMILY_CONFIGS = {
         "model_type": "ministral3", **TINY_DIMS, "rope_parameters": {
             "rope_theta": 10000.0, "rope_type": "default", "llama_4_scaling_beta": 0.1,
             "original_max_position_embeddings": 4096}}},
+    # a hybrid: short-convolution layers (ArraysCache) and attention layers
+    "lfm2": {"model_type": "lfm2", **TINY_DIMS, "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
+             "block_dim": 64, "block_multiple_of": 64, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": False, "block_ff_dim": 128, "full_attn_idxs": [1]},
     # sliding-window layers (mlx-lm makes RotatingKVCache for them)
     "gemma3_text": {"model_type": "gemma3_text", **TINY_DIMS, "sliding_window": 8, "sliding_window_pattern": 2,
                     "query_pre_attn_scalar": 16},
+    "olmo3": {"model_type": "olmo3", **TINY_DIMS, "sliding_window": 8, "rope_theta": 10000.0,
+              "layer_types": ["sliding_attention", "full_attention"]},
+    # sliding window, attention sinks and 4-bit mixture-of-experts layers (SwitchGLU)
+    "gpt_oss": {"model_type": "gpt_oss", **TINY_DIMS, "intermediate_size": 64, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 8, "rope_theta": 10000.0,
+                "layer_types": ["sliding_attention", "full_attention"]},
 }
 
 

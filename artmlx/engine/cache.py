@@ -26,9 +26,11 @@ import numpy as np
 class RowState:
     """What all layers share: which slots are real, each row's position, where the next chunk goes."""
 
-    def __init__(self, batch_size: int):
+    def __init__(self, batch_size: int, windowed: bool = False):
         self.valid = mx.zeros((batch_size, 0), dtype=mx.bool_)
         self.offset = mx.zeros((batch_size,), dtype=mx.int32)
+        # Each slot's position, kept only for models with sliding-window layers (their masks need it)
+        self.positions = mx.zeros((batch_size, 0), dtype=mx.int32) if windowed else None
         self.used = 0  # slots written so far (real or hole)
         self.n_new: mx.array | None = None
         self.width = 0
@@ -56,9 +58,9 @@ class LayerKV:
         return self.state.offset
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs) -> mx.array:
-        if window_size is not None:
-            raise ValueError("the ragged cache does not support sliding-window attention")
         state = self.state
+        if window_size is not None:
+            return self._window_mask(N, window_size)
         if state.dense and not return_array:
             return None if N == 1 else "causal"
         causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
@@ -66,6 +68,20 @@ class LayerKV:
         old = mx.broadcast_to(state.valid[:, None, None, :used], (rows, 1, N, used))
         new = mx.broadcast_to(causal[None, None], (rows, 1, N, N))
         return mx.concatenate([old, new], axis=-1)
+
+    def _window_mask(self, N: int, window: int) -> mx.array:
+        """A sliding-window layer's mask: a query at position q sees the real slots at positions
+        q - window < p <= q (mlx-lm's `create_causal_mask(window_size=...)`), whatever their slot."""
+        state = self.state
+        if state.positions is None:
+            raise RuntimeError("this cache keeps no slot positions: make it with windowed=True")
+        used = state.used
+        query = state.offset[:, None] + mx.arange(N)[None, :]  # (rows, N)
+        old = state.valid[:, None, :used] & (query[:, :, None] - state.positions[:, None, :used] < window)
+        chunk = mx.arange(N)
+        new = (chunk[:, None] >= chunk[None, :]) & (chunk[:, None] - chunk[None, :] < window)
+        new = mx.broadcast_to(new[None], (state.rows, N, N))
+        return mx.concatenate([old, new], axis=-1)[:, None]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         state = self.state
@@ -99,8 +115,8 @@ class LayerKV:
 class RaggedCache:
     """Per-layer KV buffers plus the shared row state; pass `.layers` to the model as its cache."""
 
-    def __init__(self, num_layers: int, batch_size: int, block: int = 256):
-        self.state = RowState(batch_size)
+    def __init__(self, num_layers: int, batch_size: int, block: int = 256, windowed: bool = False):
+        self.state = RowState(batch_size, windowed)
         self.layers = [LayerKV(self.state, block) for _ in range(num_layers)]
 
     @property
@@ -132,6 +148,9 @@ class RaggedCache:
         finally:
             chunk_valid = mx.arange(n)[None, :] < state.n_new[:, None]
             state.valid = mx.concatenate([state.valid[:, : state.used], chunk_valid], axis=1)
+            if state.positions is not None:
+                chunk_positions = state.offset[:, None] + mx.arange(n, dtype=mx.int32)[None, :]
+                state.positions = mx.concatenate([state.positions[:, : state.used], chunk_positions], axis=1)
             state.offset = state.offset + state.n_new
             state.used += n
             state.n_new = None
@@ -144,6 +163,8 @@ class RaggedCache:
             layer.select(rows)
         self.state.valid = self.state.valid[rows]
         self.state.offset = self.state.offset[rows]
+        if self.state.positions is not None:
+            self.state.positions = self.state.positions[rows]
 
 
 def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, mx.array]]:
@@ -152,11 +173,11 @@ def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, mx.array]]:
     return [(layer.keys[row][:, slots], layer.values[row][:, slots]) for layer in cache.layers]
 
 
-def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256) -> RaggedCache:
+def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256, windowed: bool = False) -> RaggedCache:
     """A cache whose row r already holds `prefixes[r]` (per-layer (heads, n_r, head_dim) keys and values
     of its first n_r positions, as `row_kv` gives them) or nothing (None): right-padded with holes."""
     lengths = [0 if p is None else p[0][0].shape[1] for p in prefixes]
-    cache = RaggedCache(num_layers, len(prefixes), block)
+    cache = RaggedCache(num_layers, len(prefixes), block, windowed)
     width = max(lengths)
     if width == 0:
         return cache
@@ -178,12 +199,19 @@ def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256) -> Ra
     cache.state.offset = lengths_array
     cache.state.used = width
     cache.state.dense = min(lengths) == width
+    if windowed:  # a prefix holds positions 0 .. n_r - 1 in slot order
+        cache.state.positions = mx.broadcast_to(mx.arange(width, dtype=mx.int32)[None, :], (len(prefixes), width))
     return cache
 
 
-def make_ragged_cache(model, batch_size: int, block: int = 256) -> RaggedCache:
-    """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once)."""
-    return RaggedCache(len(model.layers), batch_size, block)
+def make_ragged_cache(model, batch_size: int, block: int = 256, windowed: bool | None = None) -> RaggedCache:
+    """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once); it keeps slot
+    positions when the model has sliding-window layers (`windowed` None: ask the model)."""
+    if windowed is None:
+        from ..model.families import has_sliding_window
+
+        windowed = has_sliding_window(model)
+    return RaggedCache(len(model.layers), batch_size, block, windowed)
 
 
 def _slots(layer: LayerKV, used: int) -> tuple[mx.array, mx.array]:
@@ -197,7 +225,8 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
     in a cache of their own and joined to the running one; their positions (offsets) are their own.
     """
     used = max(first.used, second.used)
-    joined = RaggedCache(len(first.layers), first.rows + second.rows, first.layers[0].block)
+    joined = RaggedCache(len(first.layers), first.rows + second.rows, first.layers[0].block,
+                         first.state.positions is not None)
     parts = []
     for cache in (first, second):
         pad = used - cache.used
@@ -214,6 +243,10 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
             values.append(v)
         layer.keys, layer.values = mx.concatenate(keys, axis=0), mx.concatenate(values, axis=0)
     joined.state.valid = mx.concatenate([valid for _, _, valid in parts], axis=0)
+    if joined.state.positions is not None:
+        joined.state.positions = mx.concatenate(
+            [mx.concatenate([c.state.positions[:, : c.used], mx.zeros((c.rows, pad), mx.int32)], axis=1)
+             for c, pad, _ in parts], axis=0)
     joined.state.offset = mx.concatenate([first.state.offset, second.state.offset])
     joined.state.used = used
     joined.state.dense = first.state.dense and second.state.dense and first.used == second.used
@@ -243,5 +276,7 @@ def compact(cache: RaggedCache) -> None:
         layer.keys = mx.take_along_axis(k, index, axis=2)
         layer.values = mx.take_along_axis(v, index, axis=2)
     state.valid = mx.take_along_axis(valid, order, axis=1)
+    if state.positions is not None:
+        state.positions = mx.take_along_axis(state.positions[:, : state.used], order, axis=1)
     state.used = keep
     state.dense = int(real.min()) == keep

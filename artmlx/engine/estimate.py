@@ -60,10 +60,14 @@ def tensor_headers(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 def shape_from_folder(folder: Path, device: str | None = None) -> ModelShape:
     """The `ModelShape` the loaded base would have on `device` (default: this machine's)."""
+    return shape_from_tensors(json.loads((folder / "config.json").read_text()), tensor_headers(folder), device)
+
+
+def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]],
+                       device: str | None = None) -> ModelShape:
+    """The same from a config and its tensors' (safetensors dtype, shape), e.g. `synth.parameter_layout`'s."""
     device = device or device_kind()
-    config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or config
-    tensors = tensor_headers(folder)
     floats = [(dtype, _count(shape)) for dtype, shape in tensors.values() if dtype in FLOATS]
     largest = max(floats, key=lambda f: f[1])[0] if floats else "F32"
     on_cpu = device == "cpu"
@@ -88,28 +92,41 @@ def shape_from_folder(folder: Path, device: str | None = None) -> ModelShape:
 
 
 def estimate(model: str, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
-             device: str | None = None) -> dict:
+             device: str | None = None, grad_checkpoint: str = "auto") -> dict:
     """What a run of `model` in `budget` bytes would get, and whether one episode can train at all."""
     folder = model_folder(model)
     check_family(folder)
-    shape = shape_from_folder(folder, device)
+    return {"model": str(folder), **plan_facts(shape_from_folder(folder, device), budget, max_episode_tokens,
+                                               max_reply_tokens, group_size, device, grad_checkpoint)}
+
+
+def plan_facts(shape: ModelShape, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
+               device: str | None = None, grad_checkpoint: str = "auto") -> dict:
+    """The plan's sizes; the learner's with and without per-layer checkpointing (`grad_checkpoint` as the
+    config's: "auto" checkpoints when a plain episode would not fit)."""
     plan = MemoryPlan(budget, shape, device or device_kind())
     slots = slots_for(max_episode_tokens, max_reply_tokens)
     length = max_episode_tokens
-    one_sequence = shape.train_bytes_per_token(length, device=plan.device) * length
-    needed = shape.weight_bytes + shape.dense_copy_bytes + one_sequence
     rows = plan.rows_per_batch(slots)
-    train_tokens = plan.train_tokens(length)
-    return {"model": str(folder), "device": plan.device, "budget_gb": round(budget / GB, 2),
-            "weights_gb": round(shape.weight_bytes / GB, 3),
-            "dense_copies_gb": round(shape.dense_copy_bytes / GB, 3),
-            "kv_mb_per_row": round(shape.kv_bytes_per_token * slots / 2**20, 1),
-            "rows_per_batch": rows, "groups_per_batch": max(rows // group_size, 0),
-            "prefill_tokens_per_forward": plan.prefill_tokens(slots),
-            "train_mb_per_token": round(shape.train_bytes_per_token(length, device=plan.device) / 2**20, 2),
-            "train_tokens_per_micro_batch": train_tokens,
-            "episodes_per_micro_batch": train_tokens // length,
-            "needed_gb_for_one_episode": round(needed / GB, 2), "fits": needed <= budget}
+    facts = {"device": plan.device, "budget_gb": round(budget / GB, 2),
+             "weights_gb": round(shape.weight_bytes / GB, 3),
+             "dense_copies_gb": round(shape.dense_copy_bytes / GB, 3),
+             "kv_mb_per_row": round(shape.kv_bytes_per_token * slots / 2**20, 1),
+             "rows_per_batch": rows, "groups_per_batch": max(rows // group_size, 0),
+             "prefill_tokens_per_forward": plan.prefill_tokens(slots)}
+    for checkpointed, suffix in ((False, ""), (True, "_checkpointed")):
+        per_token = shape.train_bytes_per_token(length, device=plan.device, checkpointed=checkpointed)
+        needed = shape.weight_bytes + shape.dense_copy_bytes + per_token * length
+        tokens = plan.train_tokens(length, checkpointed=checkpointed)
+        facts.update({f"train_mb_per_token{suffix}": round(per_token / 2**20, 2),
+                      f"train_tokens_per_micro_batch{suffix}": tokens,
+                      f"episodes_per_micro_batch{suffix}": tokens // length,
+                      f"needed_gb_for_one_episode{suffix}": round(needed / GB, 2),
+                      f"fits{suffix or '_plain'}": needed <= budget})
+    checkpoints = {"on": True, "off": False}.get(grad_checkpoint, not facts["fits_plain"])
+    facts["grad_checkpoint"] = checkpoints  # what the learner will do
+    facts["fits"] = facts["fits_checkpointed"] if checkpoints else facts["fits_plain"]
+    return facts
 
 
 def _count(shape) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..model.families import check_supported
+from ..model.families import check_supported, has_sliding_window
 from ..model.parts import model_parts
 from .cache import RaggedCache, make_ragged_cache
 from .memory import MemoryPlan
@@ -41,13 +41,14 @@ class Engine:
 
     def __init__(self, model, plan: MemoryPlan | None = None, cache_block: int = 256):
         check_supported(model)  # its layers must be ones the ragged cache holds
+        self.windowed = has_sliding_window(model)  # its caches then keep slot positions
         self.model = model
         self.parts = model_parts(model)
         self.plan = plan
         self.cache_block = cache_block
 
     def new_cache(self, rows: int) -> RaggedCache:
-        return make_ragged_cache(self.model, rows, self.cache_block)
+        return make_ragged_cache(self.model, rows, self.cache_block, self.windowed)
 
     def prefill(self, cache: RaggedCache, sequences: list[list[int]]) -> mx.array:
         """Feed one ragged chunk per row; return each row's logits after its last real token, (rows, V)."""

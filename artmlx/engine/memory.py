@@ -140,10 +140,15 @@ class ModelShape:
         hidden, mlp = PREFILL_DENSE[device]
         return self.layers * (hidden * self.hidden + mlp * self.intermediate) * self.activation_bytes + 8 * self.heads * context
 
-    def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0, device: str = "gpu") -> int:
+    def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0, device: str = "gpu",
+                              checkpointed: bool = False) -> int:
         dense = (TRAIN_HIDDEN * self.hidden + TRAIN_MLP * self.intermediate) * self.activation_bytes
         head = policy_fraction * HEAD_BYTES_PER_VOCAB * self.vocab
-        return int(self.layers * (dense + TRAIN_SCORES[device] * 4 * self.heads * length) + head)
+        layer = dense + TRAIN_SCORES[device] * 4 * self.heads * length
+        if checkpointed:  # every layer's input and K/V kept, one layer's inside alive at a time (twice: forward, backward)
+            kept = (self.hidden + 2 * self.kv_heads * self.head_dim) * self.activation_bytes
+            return int(self.layers * kept + 2 * layer + head)
+        return int(self.layers * layer + head)
 
 
 @dataclass(frozen=True)
@@ -168,9 +173,18 @@ class MemoryPlan:
         """Tokens one prefill forward may hold."""
         return max(16, int(self.free * WORKSPACE_SHARE // self.shape.prefill_bytes_per_token(context, self.device)))
 
-    def train_tokens(self, length: int, policy_fraction: float = 1.0) -> int:
+    def needs_checkpointing(self, length: int, policy_fraction: float = 1.0) -> bool:
+        """Whether one sequence of `length` tokens would not fit the training workspace unless checkpointed."""
+        return self._train_fits(length, policy_fraction, False) < length
+
+    def _train_fits(self, length: int, policy_fraction: float, checkpointed: bool) -> int:
+        per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device, checkpointed)
+        workspace = max(self.free - self.shape.dense_copy_bytes, 0) * TRAIN_SHARE[self.device]
+        return int(workspace // per_token)
+
+    def train_tokens(self, length: int, policy_fraction: float = 1.0, checkpointed: bool = False) -> int:
         """Padded tokens one learner micro-batch may hold at sequences of `length` (never less than one)."""
-        per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device)
+        per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device, checkpointed)
         # A training step keeps every dequantized weight for its backward pass (the product's gradient needs it).
         workspace = max(self.free - self.shape.dense_copy_bytes, 0) * TRAIN_SHARE[self.device]
         fits = int(workspace // per_token)

@@ -336,7 +336,8 @@ class Scheduler:
             hits = [self.prefix.lookup(version, p) if self.prefix is not None else (0, None) for p in prompts]
             side = self.engine.new_cache(len(prompts))  # (refuses a model whose layers it cannot cache)
             if any(n for n, _ in hits):
-                side = cache_with_prefixes(len(side.layers), [kv for _, kv in hits], self.engine.cache_block)
+                side = cache_with_prefixes(len(side.layers), [kv for _, kv in hits], self.engine.cache_block,
+                                           windowed=side.state.positions is not None)
             logits = self.engine.prefill(side, [p[n:] for p, (n, _) in zip(prompts, hits)])
             self.prefill_tokens += sum(len(p) - n for p, (n, _) in zip(prompts, hits))
             self.prompt_tokens += sum(len(r.prompt) for r in admitted)

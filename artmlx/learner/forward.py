@@ -15,6 +15,8 @@ check it against that plain forward, values and gradients.
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 
 from ..model.parts import ModelParts
@@ -40,15 +42,39 @@ class PrefixKV:
         return self.state.offset
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
-        if window_size is not None:
-            raise ValueError("shared-prefix training does not support sliding-window attention")
         state = self.state
+        chunk = mx.arange(N)
+        causal = chunk[:, None] >= chunk[None, :]
+        if window_size is not None:  # a sliding-window layer: keys more than window_size - 1 back are hidden
+            causal = causal & (chunk[:, None] - chunk[None, :] < window_size)
         if state.row_prefix is None:  # the prefix rows themselves: plain causal attention
-            return "causal"
+            return "causal" if window_size is None else causal
         rows, width = state.prefix_valid.shape
-        causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
         old = mx.broadcast_to(state.prefix_valid[:, None, None, :], (rows, 1, N, width))
+        if window_size is not None:  # prefix slot p is at position p; row queries continue from the prefix
+            query = state.offset[:, None] + chunk[None, :]
+            old = old & (query[:, None, :, None] - mx.arange(width)[None, None, None, :] < window_size)
         return mx.concatenate([old, mx.broadcast_to(causal[None, None], (rows, 1, N, N))], axis=-1)
+
+    def checkpoint_state(self):
+        """What a layer call sees (`checkpointing`): which pass and its offsets, and in the episode pass the
+        prefix keys and values, returned apart so they become the checkpointed call's explicit inputs."""
+        state = self.state
+        seen = (state.row_prefix, state.prefix_valid, state.offset)
+        return seen, ([] if state.row_prefix is None else [self.keys, self.values])
+
+    @contextlib.contextmanager
+    def restored(self, seen, arrays):
+        """The state of `checkpoint_state` back for a recomputation, and afterwards the state of now."""
+        state = self.state
+        now = (state.row_prefix, state.prefix_valid, state.offset, self.keys, self.values)
+        state.row_prefix, state.prefix_valid, state.offset = seen
+        if arrays:
+            self.keys, self.values = arrays
+        try:
+            yield
+        finally:
+            state.row_prefix, state.prefix_valid, state.offset, self.keys, self.values = now
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         state = self.state

@@ -29,6 +29,7 @@ from ..model.parts import model_parts
 from ..model.policy import lora_disabled
 from ..trajectory import Episode, Group
 from .batching import MicroBatch, make_microbatch, make_units, pack_units
+from .checkpointing import checkpointed
 from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 
@@ -74,14 +75,23 @@ class GRPOTrainer:
         """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
         return policy_logprobs(self.parts, len(self.model.layers), self.config.temperature, *batch.arrays())
 
+    def checkpoints(self, episodes: list[Episode]) -> bool:
+        """Whether this update's layers are checkpointed (`grad_checkpoint`; "auto" asks the memory plan)."""
+        setting = self.config.grad_checkpoint
+        if setting != "auto":
+            return setting == "on"
+        if self.plan is None or self.config.lora_dropout > 0 or self.config.max_batch_tokens:
+            return False
+        return self.plan.needs_checkpointing(max(len(e.tokens) for e in episodes), _policy_fraction(episodes))
+
     def batch_tokens(self, episodes: list[Episode]) -> int:
         """Padded tokens per micro-batch: the config's, or what the memory plan's workspace holds."""
         if self.config.max_batch_tokens:
             return self.config.max_batch_tokens
         if self.plan is None:
             return FALLBACK_BATCH_TOKENS
-        policy_fraction = sum(e.policy_tokens for e in episodes) / max(1, sum(len(e.tokens) for e in episodes))
-        return self.plan.train_tokens(max(len(e.tokens) for e in episodes), policy_fraction)
+        return self.plan.train_tokens(max(len(e.tokens) for e in episodes), _policy_fraction(episodes),
+                                      self.checkpoints(episodes))
 
     def microbatches(self, episodes: list[Episode], advantages: np.ndarray,
                      groups: list[list[int]]) -> list[MicroBatch]:
@@ -173,6 +183,7 @@ class GRPOTrainer:
             "abs_logratio_mean": totals["abs_logratio_sum"] / tokens,
             "kl_base": totals["kl_base_sum"] / tokens,
             "updates_skipped_nonfinite": skipped,
+            "grad_checkpointed": bool(totals.get("checkpointed", False)),
         }
 
     def _optimizer_step(self, data: _StepData, groups: list[list[int]], totals: dict,
@@ -184,6 +195,8 @@ class GRPOTrainer:
         episodes = [data.episodes[i] for members in groups for i in members]
         policy_tokens = sum(e.policy_tokens for e in episodes)
         grads, step_loss = None, 0.0
+        checkpoints = self.checkpoints(episodes)
+        totals["checkpointed"] = totals.get("checkpointed", False) or checkpoints
         for batch in self.microbatches(data.episodes, data.advantages, groups):
             weights = token_weights(batch.mask, config.normalization, len(episodes) + flat_episodes, policy_tokens,
                                     config.constant_length)
@@ -194,7 +207,8 @@ class GRPOTrainer:
             arrays = [*batch.arrays(), batch.behaviour_logprobs, batch.advantages, batch.mask, weights]
             if base_logp is not None:
                 arrays.append(base_logp)
-            (loss, metrics), micro_grads = self._grad_step(*arrays)
+            with checkpointed(self.model, checkpoints):
+                (loss, metrics), micro_grads = self._grad_step(*arrays)
             grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
             mx.eval(grads, loss, metrics)
             step_loss += loss.item()
@@ -213,3 +227,7 @@ class GRPOTrainer:
         self.optimizer.update(self.model, grads)
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
         return norm
+
+
+def _policy_fraction(episodes: list[Episode]) -> float:
+    return sum(e.policy_tokens for e in episodes) / max(1, sum(len(e.tokens) for e in episodes))

@@ -18,6 +18,9 @@ import collections
 import mlx.nn as nn
 
 SUPPORTED_CACHES = {"KVCache"}
+WINDOWED_FAMILIES = {"gemma3_text", "olmo3", "gpt_oss"}
+"""Model types whose sliding-window layers (RotatingKVCache in mlx-lm) the engine and learner run with a
+window mask over the full cache (tested against mlx-lm's own forward; memory is not bounded by the window)."""
 CACHE_KINDS = {
     "RotatingKVCache": "sliding-window attention",
     "ArraysCache": "recurrent state (Gated DeltaNet, convolution or Mamba layers)",
@@ -48,11 +51,21 @@ def unsupported_layers(model: nn.Module) -> dict[str, list[int]]:
     if not hasattr(model, "make_cache"):
         return {}
     layers = collections.defaultdict(list)
+    supported = SUPPORTED_CACHES | ({"RotatingKVCache"} if _model_type(model) in WINDOWED_FAMILIES else set())
     for index, cache in enumerate(model.make_cache()):
         kind = type(cache).__name__
-        if kind not in SUPPORTED_CACHES:
+        if kind not in supported:
             layers[kind].append(index)
     return dict(layers)
+
+
+def has_sliding_window(model: nn.Module) -> bool:
+    """Whether some layer attends over a sliding window (mlx-lm makes a RotatingKVCache for it)."""
+    return hasattr(model, "make_cache") and any(type(c).__name__ == "RotatingKVCache" for c in model.make_cache())
+
+
+def _model_type(model: nn.Module) -> str:
+    return getattr(text_args(model), "model_type", "?")
 
 
 def check_supported(model: nn.Module, name: str = "this model") -> None:
@@ -60,13 +73,14 @@ def check_supported(model: nn.Module, name: str = "this model") -> None:
     found = unsupported_layers(model)
     if not found:
         return
-    model_type = getattr(text_args(model), "model_type", "?")
+    model_type = _model_type(model)
     parts = [f"{len(rows)} layer(s) with {CACHE_KINDS.get(kind, kind)} ({kind}: layers {_ranges(rows)})"
              for kind, rows in found.items()]
     raise ValueError(f"{name} (model type {model_type!r}) has {'; '.join(parts)}. artmlx runs models whose every "
                      "layer is full attention with a KV cache (Qwen2/2.5/3, Qwen3-MoE, Llama, Mistral/Ministral, "
-                     "SmolLM3, and such text towers of multimodal checkpoints); sliding-window and recurrent "
-                     "layers are not supported yet.")
+                     "SmolLM3, and such text towers of multimodal checkpoints), and sliding-window layers in "
+                     f"{', '.join(sorted(WINDOWED_FAMILIES))}; recurrent layers and other sliding-window families "
+                     "are not supported yet.")
 
 
 def _ranges(rows: list[int]) -> str:

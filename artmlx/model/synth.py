@@ -89,6 +89,10 @@ _LLAMA_COMMON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "
                  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 
+_QWEN3_COMMON = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rms_norm_eps": 1e-6,
+                 "rope_theta": 1000000.0, "max_position_embeddings": 40960, "hidden_act": "silu", "head_dim": 128,
+                 "num_key_value_heads": 8, "vocab_size": 151936, "attention_bias": False}
+
 # Shapes from the published config.json of each model.
 ARCHITECTURES: dict[str, tuple[Family, dict]] = {
     "qwen2.5-0.5b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
@@ -103,6 +107,14 @@ ARCHITECTURES: dict[str, tuple[Family, dict]] = {
     "qwen2.5-7b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
                            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
                            "tie_word_embeddings": False}),
+    "qwen3-0.6b": (QWEN2, {**_QWEN3_COMMON, "hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 3072,
+                           "num_attention_heads": 16, "tie_word_embeddings": True}),
+    "qwen3-4b": (QWEN2, {**_QWEN3_COMMON, "hidden_size": 2560, "num_hidden_layers": 36, "intermediate_size": 9728,
+                         "num_attention_heads": 32, "tie_word_embeddings": True}),
+    "qwen3-8b": (QWEN2, {**_QWEN3_COMMON, "hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288,
+                         "num_attention_heads": 32, "tie_word_embeddings": False}),
+    "qwen3-14b": (QWEN2, {**_QWEN3_COMMON, "hidden_size": 5120, "num_hidden_layers": 40, "intermediate_size": 17408,
+                          "num_attention_heads": 40, "tie_word_embeddings": False}),
     "llama-3.2-1b": (LLAMA3, {**_LLAMA_COMMON, "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                               "vocab_size": 128256, "tie_word_embeddings": True}),

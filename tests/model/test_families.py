@@ -27,16 +27,19 @@ from tests.helpers import family_folder, learner_logprobs
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    folders = {family: family_folder(root, family) for family in ("qwen3", "mistral3", "gemma3_text")}
+    folders = {family: family_folder(root, family)
+               for family in ("qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "lfm2")}
     # a vocabulary large enough that the tied head is one of the 4-bit layers that dequantize on the CPU
     folders["qwen3-wide"] = family_folder(root, "qwen3", "qwen3-wide", vocab_size=2048)
+    folders["qwen3-deep"] = family_folder(root, "qwen3", "qwen3-deep", num_hidden_layers=12)  # checkpointing pays
     return folders
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss"])
 def test_family_rolls_out_recomputes_and_trains(folders, family):
-    """A flat config and a multimodal wrapper (`text_config`): the engine and the learner run the text
-    tower, the sampler's logprobs are the learner's recompute, and a GRPO step moves the adapters."""
+    """A flat config, a multimodal wrapper (`text_config`), sliding-window layers (Gemma 3, OLMo 3,
+    GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer): the
+    sampler's logprobs are the learner's recompute, and a GRPO step moves the adapters."""
     model, tokenizer, count = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
     assert count > 0
     shape = ModelShape.of(model)
@@ -45,6 +48,7 @@ def test_family_rolls_out_recomputes_and_trains(folders, family):
         assert text_model(model) is model.language_model
     rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=1.0))
     groups = rollouts.play([1, 2], 4, mx.random.key(0))
+    assert min(len(e.tokens) for g in groups for e in g.episodes) > 8  # past Gemma's window
     recomputed, behaviour = learner_logprobs(model, groups, 1.0)
     assert len(recomputed) > 10
     assert np.abs(recomputed - behaviour).max() < 1e-3
@@ -77,19 +81,40 @@ def test_nested_config_model_serves_a_chat(folders):
         server.close()
 
 
-def test_sliding_window_family_is_refused_at_load_in_every_command(folders):
-    """Gemma 3's sliding-window layers: refused when loaded, naming them, by the library, the server
+@pytest.mark.parametrize("family", ["gemma3_text", "olmo3", "gpt_oss"])
+def test_sliding_window_layers_see_the_window_in_ragged_chunks(folders, family):
+    """Rows of different lengths fed in two ragged chunks through the engine's cache (holes between
+    them) get mlx-lm's own full-sequence logits at every new position, window mask included."""
+    from artmlx.engine.generate import Engine
+
+    model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
+    rng = np.random.default_rng(0)
+    first = [rng.integers(3, 100, n).tolist() for n in (11, 4, 7)]
+    later = [rng.integers(3, 100, n).tolist() for n in (6, 13, 2)]
+    engine = Engine(model)
+    cache = engine.new_cache(3)
+    engine.prefill(cache, first)
+    width = max(map(len, later))
+    padded = np.array([c + [0] * (width - len(c)) for c in later], np.int32)
+    out = cache.forward(lambda x, c: model(x, cache=c), mx.array(padded), np.array([len(c) for c in later]))
+    for row in range(3):
+        expected = model(mx.array([first[row] + later[row]]))[0, -len(later[row]):]
+        np.testing.assert_allclose(np.array(out[row, : len(later[row])]), np.array(expected), atol=2e-4, rtol=1e-4)
+
+
+def test_recurrent_family_is_refused_at_load_in_every_command(folders):
+    """LFM2's short-convolution layers: refused when loaded, naming them, by the library, the server
     and the command line (before, `artmlx serve` started and answered every request with a 500)."""
-    folder = str(folders["gemma3_text"])
-    with pytest.raises(ValueError, match=r"sliding-window attention \(RotatingKVCache: layers 0\)"):
+    folder = str(folders["lfm2"])
+    with pytest.raises(ValueError, match=r"recurrent state .* \(ArraysCache: layers 0\)"):
         load_policy(folder, LoraSpec(rank=4))
-    with pytest.raises(ValueError, match="sliding-window"):
+    with pytest.raises(ValueError, match="recurrent"):
         ModelServer(ServeConfig(model=folder))
     for command in (["serve", "--model", folder, "--port", str(free_port())],
                     ["train", "--model", folder, "--steps", "1"]):
         done = subprocess.run([sys.executable, "-m", "artmlx", *command], capture_output=True, text=True, timeout=120)
         assert done.returncode != 0
-        assert "RotatingKVCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert "ArraysCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide"])
@@ -117,5 +142,60 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     tight = dry_run("--model", str(folders["mistral3"]), "--set", "memory_budget_gb=0.001",
                     "--set", "max_episode_tokens=4096")
     assert tight.returncode == 1 and "does NOT fit" in tight.stdout
-    refused = dry_run("--model", str(folders["gemma3_text"]))
-    assert refused.returncode != 0 and "RotatingKVCache" in refused.stderr and "Traceback" not in refused.stderr
+    # a budget between one checkpointed episode and one plain one: "auto" checkpoints and fits, "off" does not
+    deep = dry_run("--model", str(folders["qwen3-deep"]), "--set", "max_episode_tokens=4096")
+    facts = json.loads(deep.stdout.strip().splitlines()[-1])
+    between = (facts["needed_gb_for_one_episode_checkpointed"] + facts["needed_gb_for_one_episode"]) / 2
+    assert facts["needed_gb_for_one_episode_checkpointed"] < facts["needed_gb_for_one_episode"]
+    args = ["--model", str(folders["qwen3-deep"]), "--set", f"memory_budget_gb={between}", "--set",
+            "max_episode_tokens=4096"]
+    auto = dry_run(*args)
+    assert auto.returncode == 0 and json.loads(auto.stdout.strip().splitlines()[-1])["grad_checkpoint"]
+    assert dry_run(*args, "--set", "grad_checkpoint='off'").returncode == 1
+    refused = dry_run("--model", str(folders["lfm2"]))
+    assert refused.returncode != 0 and "ArraysCache" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_sliding_window_rows_join_leave_compact_and_hit_the_prefix_cache(folders):
+    """Continuous batching on Gemma 3 (window 8): requests joining midway, a long prompt's holes
+    compacted, a follow-up turn starting from the prefix cache; each greedy sequence is the one it
+    gets alone from mlx-lm's forward."""
+    from artmlx.engine.generate import Engine
+    from artmlx.engine.scheduler import Request, Scheduler
+    from tests.engine.test_scheduler import assert_greedy_and_exact, run
+
+    model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
+    rng = np.random.default_rng(1)
+    prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24)
+    arrivals = {0: [Request(prompt(5), 14, 0.0), Request(prompt(12), 4, 0.0)],
+                3: [Request(prompt(90), 3, 0.0), Request(prompt(2), 20, 0.0)], 6: [Request(prompt(9), 9, 0.0)]}
+    run(scheduler, arrivals)
+    first = [r for rs in arrivals.values() for r in rs]
+    follow = Request(first[0].prompt + first[0].tokens + prompt(6), 10, 0.0)
+    run(scheduler, {0: [follow]})
+    assert scheduler.counts["compactions"] >= 1 and scheduler.prefix.stats["prefix_hits"] >= 1
+    for request in first + [follow]:
+        assert request.finish_reason == "length"
+        assert_greedy_and_exact(model, request)
+
+
+@pytest.mark.parametrize("family", ["mistral3", "gemma3_text", "gpt_oss"])
+def test_checkpointed_update_equals_the_plain_one_in_each_family(folders, family):
+    """Per-layer checkpointing through each family's own layer signature (Ministral 3 passes an attention
+    scale, Gemma 3 and GPT-OSS window masks): the adapters after one update match the plain update's."""
+    after = {}
+    for setting in ("off", "on"):
+        mx.random.seed(5)
+        model, tokenizer, _ = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
+        groups = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"),
+                                 SamplingParams(temperature=1.0)).play([7, 8], 4, mx.random.key(3))
+        for group in groups:
+            for index, episode in enumerate(group.episodes):
+                episode.reward = float(index % 2)
+        metrics = GRPOTrainer(model, load_config(None, {"temperature": 1.0, "grad_checkpoint": setting})
+                              ).train_step(groups)
+        assert metrics["grad_checkpointed"] == (setting == "on")
+        after[setting] = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    for name in after["off"]:
+        np.testing.assert_allclose(after["on"][name], after["off"][name], rtol=1e-5, atol=1e-7)

@@ -13,6 +13,7 @@ from artmlx.model.synth import ARCHITECTURES, architecture, model_config, parame
 
 # Published parameter counts (embeddings included, tied heads counted once), in millions.
 PUBLISHED_M = {"qwen2.5-0.5b": 494, "qwen2.5-1.5b": 1544, "qwen2.5-3b": 3086, "qwen2.5-7b": 7616,
+               "qwen3-0.6b": 600, "qwen3-4b": 4000, "qwen3-8b": 8200, "qwen3-14b": 14800,  # model cards: 0.6B .. 14.8B
                "llama-3.2-1b": 1236, "llama-3.2-3b": 3213}
 
 
