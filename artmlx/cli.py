@@ -96,8 +96,11 @@ def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, se
                   "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
         config = _load_train_config(config_file, fields, settings, resume)
         if dry_run:
-            _dry_run(config)
-            return
+            from .engine.estimate import estimate_for, estimate_lines
+
+            facts = estimate_for(config)
+            click.echo("\n".join([*estimate_lines(facts, config), json.dumps(facts)]))
+            raise SystemExit(0 if facts["fits"] else 1)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .train import train as run_training
@@ -106,33 +109,6 @@ def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, se
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")
-
-
-def _dry_run(config) -> None:
-    from .engine.estimate import estimate
-    from .engine.memory import resolve_budget
-
-    facts = estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
-                     config.max_reply_tokens, config.group_size, grad_checkpoint=config.grad_checkpoint)
-    length = config.max_episode_tokens
-    click.echo(f"model {facts['model']} on {facts['device']}, budget {facts['budget_gb']} GB "
-               f"(memory_budget_gb, or the device's default share)")
-    click.echo(f"  weights {facts['weights_gb']} GB, dense copies of 4-bit layers while training "
-               f"{facts['dense_copies_gb']} GB")
-    click.echo(f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens={length}; "
-               f"{facts['rows_per_batch']} rows per batch ({facts['groups_per_batch']} groups of "
-               f"{config.group_size}); prefill {facts['prefill_tokens_per_forward']} tokens per forward")
-    for suffix, name in (("", "plain"), ("_checkpointed", "with per-layer gradient checkpointing")):
-        click.echo(f"  learner, {name}: {facts['train_mb_per_token' + suffix]} MB per token; one {length}-token "
-                   f"episode needs {facts['needed_gb_for_one_episode' + suffix]} GB with the weights; micro-batches "
-                   f"of {facts['train_tokens_per_micro_batch' + suffix]} tokens "
-                   f"({facts['episodes_per_micro_batch' + suffix]} episodes)")
-    chosen = "checkpointed" if facts["grad_checkpoint"] else "plain"
-    click.echo(f"  grad_checkpoint={config.grad_checkpoint}: the learner runs {chosen}; "
-               f"{'fits' if facts['fits'] else 'does NOT fit'}")
-    click.echo(json.dumps(facts))
-    if not facts["fits"]:
-        raise SystemExit(1)
 
 
 def learner_main() -> None:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import openai
@@ -30,6 +29,7 @@ from artmlx.launch import free_port  # noqa: E402
 from artmlx.model.tiny import resolve_model  # noqa: E402
 from artmlx.serve import run_server  # noqa: E402
 from artmlx.serve.model_server import ModelServer, ServeConfig  # noqa: E402
+from serve_turns import wait_up  # noqa: E402  (this folder: the one wait for a server to listen)
 
 
 def ask_all(client: openai.OpenAI, model: str, count: int, max_tokens: int, concurrent: bool) -> dict:
@@ -95,13 +95,7 @@ def main() -> None:
                                 "--port", str(mlx_port), "--max-tokens", str(args.max_tokens)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{mlx_port}/v1/models", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+        wait_up(mlx_port)
         theirs = openai.OpenAI(base_url=f"http://127.0.0.1:{mlx_port}/v1", api_key="-", timeout=3600)
         name = resolve_model(args.model)
         ask_all(theirs, name, args.requests, 8, concurrent=True)

@@ -154,3 +154,32 @@ def check_family(folder: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     model_class, args_class = _get_classes(config)
     check_supported(model_class(args_class.from_dict(config)), str(folder))
+
+
+def estimate_for(config) -> dict:
+    """`estimate` for a run's TrainConfig, in its memory budget."""
+    from .memory import resolve_budget
+
+    return estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
+                    config.max_reply_tokens, config.group_size, grad_checkpoint=config.grad_checkpoint)
+
+
+def estimate_lines(facts: dict, config) -> list[str]:
+    """What `artmlx train --dry-run` prints above the facts' JSON."""
+    length = config.max_episode_tokens
+    lines = [f"model {facts['model']} on {facts['device']}, budget {facts['budget_gb']} GB "
+             "(memory_budget_gb, or the device's default share)",
+             f"  weights {facts['weights_gb']} GB, dense copies of 4-bit layers while training "
+             f"{facts['dense_copies_gb']} GB",
+             f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens={length}; "
+             f"{facts['rows_per_batch']} rows per batch ({facts['groups_per_batch']} groups of {config.group_size}); "
+             f"prefill {facts['prefill_tokens_per_forward']} tokens per forward"]
+    for suffix, name in (("", "plain"), ("_checkpointed", "with per-layer gradient checkpointing")):
+        lines.append(f"  learner, {name}: {facts['train_mb_per_token' + suffix]} MB per token; one {length}-token "
+                     f"episode needs {facts['needed_gb_for_one_episode' + suffix]} GB with the weights; "
+                     f"micro-batches of {facts['train_tokens_per_micro_batch' + suffix]} tokens "
+                     f"({facts['episodes_per_micro_batch' + suffix]} episodes)")
+    chosen = "checkpointed" if facts["grad_checkpoint"] else "plain"
+    lines.append(f"  grad_checkpoint={config.grad_checkpoint}: the learner runs {chosen}; "
+                 f"{'fits' if facts['fits'] else 'does NOT fit'}")
+    return lines

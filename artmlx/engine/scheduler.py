@@ -253,14 +253,13 @@ class Scheduler:
         h = batch.cache.forward(self.engine.parts.trunk, sampled.tokens[:, None],
                                 np.ones((len(batch.running),), np.int32))
         next_logits = self.engine.parts.head(h[:, -1, :])
+        # Host seconds building the graph (Python), launching its kernels (MLX) and waiting for the device
+        # (near 0: the host is the bound, as on CUDA at few rows)
         launched = time.perf_counter()
-        self.counts["build_s"] += launched - built  # the host building the step's graph (Python)
         mx.async_eval(next_logits, *(a for a in sampled if a is not None))
         waited = time.perf_counter()
-        self.counts["launch_s"] += waited - launched  # the host encoding the graph's kernels (MLX, C++)
         tokens, logprobs = np.array(sampled.tokens), np.array(sampled.logprobs)
-        # seconds the host waited for the device: near 0 means the host (graph building, bookkeeping) is the bound
-        self.counts["sync_s"] += time.perf_counter() - waited
+        self.counts.update(build_s=launched - built, launch_s=waited - launched, sync_s=time.perf_counter() - waited)
         top = None if sampled.top_ids is None else (np.array(sampled.top_ids), np.array(sampled.top_logprobs))
         finished, keep = [], []
         for row, request in enumerate(batch.running):
