@@ -5,9 +5,11 @@
 Each case builds 168 copies of one operation (the LoRA layers of the 0.5B shape) on a (rows, 1, 896)
 bfloat16 input, then times the host until `mx.async_eval` returns (building and launching) and until the
 results are ready. Measured on the H200 (MLX 0.32.4 CUDA): a 4-bit product ~8 us of host time, an
-element-wise op ~6 us, a dense product (cuBLAS) ~23 us, one mlx-lm LoRALinear ~70 us.
+element-wise op ~6 us, a dense product (cuBLAS) ~23 us, one mlx-lm LoRALinear ~70 us; artmlx's fused
+LoRA kernel (`artmlx/model/lora_kernel.py`) after the 4-bit product: see results/h200/op-host-cost.json.
 """
-import time, json, os, mlx.core as mx, mlx.nn as nn
+import time, json, os, sys, mlx.core as mx, mlx.nn as nn
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 res = {}
 def bench(name, make, n=168, reps=5):
     ts_l, ts_t = [], []
@@ -41,5 +43,7 @@ for rows in (1, 32):
     bench(f"r{rows} lora bf16", lambda n: [lin(x) + (20.0 * ((x @ A16) @ B16)) for _ in range(n)])
     fused = mx.compile(lambda x, a, b: (20.0 * ((x @ a) @ b)).astype(x.dtype))
     bench(f"r{rows} lora f32 compiled tail", lambda n: [lin(x) + fused(x, A32, B32) for _ in range(n)])
+    from artmlx.model.lora_kernel import lora_product
+    bench(f"r{rows} lora fused kernel", lambda n: [lora_product(x, lin(x), A32, B32, 20.0) for _ in range(n)])
     bench(f"r{rows} addmm", lambda n: [mx.addmm(lin(x), x @ A16, B16, alpha=20.0) for _ in range(n)])
 json.dump(res, open(os.environ.get("OUT", "/tmp") + "/opcost.json", "w"), indent=1)

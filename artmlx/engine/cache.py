@@ -22,6 +22,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..model.lora_kernel import inference
+
 
 class RowState:
     """What all layers share: which slots are real, each row's position, where the next chunk goes."""
@@ -144,7 +146,8 @@ class RaggedCache:
         full = isinstance(n_new, np.ndarray) and bool((n_new == n).all())
         state.n_new = n_new.astype(mx.int32) if isinstance(n_new, mx.array) else mx.array(np.asarray(n_new, np.int32))
         try:
-            out = fn(tokens, self.layers)
+            with inference():  # the graph built here is never differentiated: decode-only kernels may serve it
+                out = fn(tokens, self.layers)
         finally:
             chunk_valid = mx.arange(n)[None, :] < state.n_new[:, None]
             state.valid = mx.concatenate([state.valid[:, : state.used], chunk_valid], axis=1)

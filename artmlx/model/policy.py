@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from . import lora_kernel
 from .backend import adapt_to_backend
 from .families import check_supported
 from .tiny import resolve_model
@@ -75,6 +76,8 @@ def attach_lora(model: nn.Module, spec: LoraSpec) -> int:
     if spec.keys:
         parameters["keys"] = expand_lora_keys(model, spec.keys)
     linear_to_lora_layers(model, spec.layers_for(model), parameters, use_dora=spec.dora)
+    if lora_kernel.available():
+        lora_kernel.use_fused_lora(model)
     count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     if count == 0:
         raise ValueError(f"lora_keys={spec.keys} matched no layer of the model; no parameter is trainable")
