@@ -42,6 +42,23 @@ FAMILY_CONFIGS = {
     "lfm2": {"model_type": "lfm2", **TINY_DIMS, "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
              "block_dim": 64, "block_multiple_of": 64, "block_ffn_dim_multiplier": 1.0,
              "block_auto_adjust_ff_dim": False, "block_ff_dim": 128, "full_attn_idxs": [1]},
+    # Qwen3.5 as published: a multimodal wrapper; layer 0 Gated DeltaNet (ArraysCache), layer 1 attention
+    "qwen3_5": {"model_type": "qwen3_5", "text_config": {
+        "model_type": "qwen3_5_text", **TINY_DIMS, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2, "rope_parameters": {
+            "type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0]}}},
+    # Qwen3-Next: the same hybrid, flat config, mixture-of-experts layers
+    "qwen3_next": {"model_type": "qwen3_next", **TINY_DIMS, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                   "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+                   "full_attention_interval": 2, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                   "shared_expert_intermediate_size": 64, "moe_intermediate_size": 64, "norm_topk_prob": True,
+                   "mlp_only_layers": []},
+    # a pure state-space model: its layers ignore padding masks, so it is refused by name
+    "mamba": {"model_type": "mamba", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+              "state_size": 16, "num_hidden_layers": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+              "time_step_rank": 64, "tie_word_embeddings": True},
     # sliding-window layers (mlx-lm makes RotatingKVCache for them)
     "gemma3_text": {"model_type": "gemma3_text", **TINY_DIMS, "sliding_window": 8, "sliding_window_pattern": 2,
                     "query_pre_attn_scalar": 16},

@@ -15,6 +15,13 @@ advanced once per forward (`RaggedCache.forward`), not once per layer; keys and 
 per-layer buffers that grow in blocks of `block` slots, so a decode step writes in place and
 concatenates nothing. mlx-lm's attention calls `make_mask` (on the first layer's cache) and each
 layer's `update_and_fetch` and reads `offset` for RoPE, as it does with its own caches.
+
+Recurrent layers (Gated DeltaNet in Qwen3.5 / Qwen3-Next, LFM2's short convolutions) keep a state per
+row instead of slots (`LayerState`, mlx-lm's `ArraysCache` interface): the layer reads its state, and
+`make_mask` / `lengths` tell it which positions of the chunk are real, so a padded position leaves the
+state unchanged and the convolution's window ends at the row's last real token (mlx-lm's own batched
+generation uses the same two fields). Holes in older slots do not concern them: the state already
+summarises a row's real tokens. Rows are selected, repeated and joined as KV rows are.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class RowState:
         self.positions = mx.zeros((batch_size, 0), dtype=mx.int32) if windowed else None
         self.used = 0  # slots written so far (real or hole)
         self.n_new: mx.array | None = None
+        self.chunk_full = False  # during a forward: known on the host that every row's chunk is all real
         self.width = 0
         # Known on the host: every slot below `used` is real in every row (one sequence, or rows that
         # grew alike). Attention then needs no mask array: None for one new token, "causal" for a chunk,
@@ -114,12 +122,74 @@ class LayerKV:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-class RaggedCache:
-    """Per-layer KV buffers plus the shared row state; pass `.layers` to the model as its cache."""
+class LayerState:
+    """One recurrent layer's state per row (`size` arrays, batch first), as mlx-lm's `ArraysCache` offers it."""
 
-    def __init__(self, num_layers: int, batch_size: int, block: int = 256, windowed: bool = False):
+    def __init__(self, state: RowState, size: int):
+        self.state = state
+        self.cache: list[mx.array | None] = [None] * size
+
+    def __getitem__(self, index: int):
+        return self.cache[index]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        self.cache[index] = value
+
+    @property
+    def lengths(self) -> mx.array | None:
+        """Real tokens per row in this chunk (where the layer's convolution window ends); None: all of it."""
+        return None if self.state.chunk_full else self.state.n_new
+
+    def make_mask(self, N: int) -> mx.array | None:
+        """(rows, N) True at the chunk's real positions; a False position leaves the row's state as it was."""
+        if self.state.chunk_full:
+            return None
+        return mx.arange(N)[None, :] < self.state.n_new[:, None]
+
+    def advance(self, n: int) -> None:
+        """mlx-lm's layers call this after each chunk; the shared `RowState` advances once per forward instead."""
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+    def select(self, rows: mx.array) -> None:
+        self.cache = [None if c is None else c[rows] for c in self.cache]
+
+    def arrays(self) -> list[mx.array]:
+        return [c for c in self.cache if c is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.arrays())
+
+
+def _layer_arrays(layer) -> list[mx.array]:
+    if isinstance(layer, LayerState):
+        return layer.arrays()
+    return [] if layer.keys is None else [layer.keys, layer.values]
+
+
+class RaggedCache:
+    """Per-layer KV buffers (and recurrent states) plus the shared row state; pass `.layers` to the model.
+
+    `recurrent` maps the index of each recurrent layer to the number of arrays in its state
+    (`model.parts.recurrent_layers`); every other layer caches keys and values."""
+
+    def __init__(self, num_layers: int, batch_size: int, block: int = 256, windowed: bool = False,
+                 recurrent: dict[int, int] | None = None):
         self.state = RowState(batch_size, windowed)
-        self.layers = [LayerKV(self.state, block) for _ in range(num_layers)]
+        self.block = block
+        self.recurrent = dict(recurrent or {})
+        self.layers = [LayerState(self.state, self.recurrent[i]) if i in self.recurrent else LayerKV(self.state, block)
+                       for i in range(num_layers)]
+
+    def arrays(self) -> list[mx.array]:
+        """Every array the cache holds (to evaluate it)."""
+        return [a for layer in self.layers for a in _layer_arrays(layer)] + [self.state.offset]
+
+    def like(self, batch_size: int) -> "RaggedCache":
+        """An empty cache of the same kind (layers, block, windowed) for `batch_size` rows."""
+        return RaggedCache(len(self.layers), batch_size, self.block, self.state.positions is not None, self.recurrent)
 
     @property
     def rows(self) -> int:
@@ -145,6 +215,7 @@ class RaggedCache:
         # the chunk's own part of the mask is causal whatever its padding: only the older slots need `dense`
         full = isinstance(n_new, np.ndarray) and bool((n_new == n).all())
         state.n_new = n_new.astype(mx.int32) if isinstance(n_new, mx.array) else mx.array(np.asarray(n_new, np.int32))
+        state.chunk_full = full
         try:
             with inference():  # the graph built here is never differentiated: decode-only kernels may serve it
                 out = fn(tokens, self.layers)
@@ -157,6 +228,7 @@ class RaggedCache:
             state.offset = state.offset + state.n_new
             state.used += n
             state.n_new = None
+            state.chunk_full = False
             state.dense = state.dense and full
         return out
 
@@ -170,22 +242,35 @@ class RaggedCache:
             self.state.positions = self.state.positions[rows]
 
 
-def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, mx.array]]:
-    """Row `row`'s keys and values at its real slots, in position order: (heads, n, head_dim) per layer."""
+def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, ...]]:
+    """Row `row`'s keys and values at its real slots, in position order: (heads, n, head_dim) per layer; a
+    recurrent layer gives its state arrays for the row instead (the state after the row's every token)."""
     slots = mx.array(np.flatnonzero(np.array(cache.state.valid[row, :cache.used])).astype(np.int32))
-    return [(layer.keys[row][:, slots], layer.values[row][:, slots]) for layer in cache.layers]
+    return [tuple(c[row] for c in layer.cache) if isinstance(layer, LayerState)
+            else (layer.keys[row][:, slots], layer.values[row][:, slots]) for layer in cache.layers]
 
 
-def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256, windowed: bool = False) -> RaggedCache:
-    """A cache whose row r already holds `prefixes[r]` (per-layer (heads, n_r, head_dim) keys and values
-    of its first n_r positions, as `row_kv` gives them) or nothing (None): right-padded with holes."""
-    lengths = [0 if p is None else p[0][0].shape[1] for p in prefixes]
-    cache = RaggedCache(num_layers, len(prefixes), block, windowed)
+def prefix_length(prefix: list[tuple[mx.array, ...]], recurrent: dict[int, int]) -> int:
+    """Positions held by a `row_kv` prefix (its first attention layer's keys)."""
+    return next(kv[0].shape[1] for i, kv in enumerate(prefix) if i not in recurrent)
+
+
+def cache_with_prefixes(like: RaggedCache, prefixes: list) -> RaggedCache:
+    """A cache of `like`'s kind whose row r already holds `prefixes[r]` (per-layer (heads, n_r, head_dim) keys
+    and values of its first n_r positions, or a recurrent layer's state after them, as `row_kv` gives them)
+    or nothing (None): right-padded with holes."""
+    recurrent = like.recurrent
+    lengths = [0 if p is None else prefix_length(p, recurrent) for p in prefixes]
+    cache = like.like(len(prefixes))
     width = max(lengths)
     if width == 0:
         return cache
     template = next(p for p in prefixes if p is not None)
     for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LayerState):  # rows without a prefix start from the zero state
+            layer.cache = [mx.stack([p[index][j] if p is not None else mx.zeros_like(template[index][j])
+                                     for p in prefixes]) for j in range(len(layer.cache))]
+            continue
         keys, values = [], []
         for prefix, n in zip(prefixes, lengths):
             k0, v0 = template[index]
@@ -202,7 +287,7 @@ def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256, windo
     cache.state.offset = lengths_array
     cache.state.used = width
     cache.state.dense = min(lengths) == width
-    if windowed:  # a prefix holds positions 0 .. n_r - 1 in slot order
+    if cache.state.positions is not None:  # a prefix holds positions 0 .. n_r - 1 in slot order
         cache.state.positions = mx.broadcast_to(mx.arange(width, dtype=mx.int32)[None, :], (len(prefixes), width))
     return cache
 
@@ -210,11 +295,13 @@ def cache_with_prefixes(num_layers: int, prefixes: list, block: int = 256, windo
 def make_ragged_cache(model, batch_size: int, block: int = 256, windowed: bool | None = None) -> RaggedCache:
     """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once); it keeps slot
     positions when the model has sliding-window layers (`windowed` None: ask the model)."""
+    from ..model.parts import recurrent_layers
+
     if windowed is None:
         from ..model.families import has_sliding_window
 
         windowed = has_sliding_window(model)
-    return RaggedCache(len(model.layers), batch_size, block, windowed)
+    return RaggedCache(len(model.layers), batch_size, block, windowed, recurrent_layers(model))
 
 
 def _slots(layer: LayerKV, used: int) -> tuple[mx.array, mx.array]:
@@ -228,14 +315,17 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
     in a cache of their own and joined to the running one; their positions (offsets) are their own.
     """
     used = max(first.used, second.used)
-    joined = RaggedCache(len(first.layers), first.rows + second.rows, first.layers[0].block,
-                         first.state.positions is not None)
+    joined = first.like(first.rows + second.rows)
     parts = []
     for cache in (first, second):
         pad = used - cache.used
         valid = mx.concatenate([cache.state.valid[:, : cache.used], mx.zeros((cache.rows, pad), mx.bool_)], axis=1)
         parts.append((cache, pad, valid))
     for index, layer in enumerate(joined.layers):
+        if isinstance(layer, LayerState):
+            layer.cache = [_join_states(first.layers[index][j], first.rows, second.layers[index][j], second.rows)
+                           for j in range(len(layer.cache))]
+            continue
         keys, values = [], []
         for cache, pad, _ in parts:
             k, v = _slots(cache.layers[index], cache.used)
@@ -256,6 +346,16 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
     return joined
 
 
+def _join_states(a: mx.array | None, rows_a: int, b: mx.array | None, rows_b: int) -> mx.array | None:
+    """Two batches' state arrays as one (a side that has not run yet holds the zero state)."""
+    if a is None and b is None:
+        return None
+    like = a if a is not None else b
+    a = a if a is not None else mx.zeros((rows_a, *like.shape[1:]), like.dtype)
+    b = b if b is not None else mx.zeros((rows_b, *like.shape[1:]), like.dtype)
+    return mx.concatenate([a, b], axis=0)
+
+
 def compact(cache: RaggedCache) -> None:
     """Move every row's real slots to the front and drop the slots that are holes in every row.
 
@@ -274,6 +374,8 @@ def compact(cache: RaggedCache) -> None:
     keep = int(real.max())
     order = order[:, :keep]
     for layer in cache.layers:
+        if isinstance(layer, LayerState):  # a state has no slots
+            continue
         k, v = _slots(layer, state.used)
         index = order[:, None, :, None]
         layer.keys = mx.take_along_axis(k, index, axis=2)

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
-from .memory import GB, MemoryPlan, ModelShape, device_kind, slots_for
+from .memory import GB, MemoryPlan, ModelShape, device_kind, recurrent_layout, slots_for
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
                   "embed_audio", "visual.")
@@ -84,7 +84,8 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
                 if count >= DEQUANT_MIN_WEIGHTS:
                     dense += count * activation_bytes
     heads = text["num_attention_heads"]
-    return ModelShape(layers=text["num_hidden_layers"], hidden=text["hidden_size"],
+    recurrent, state_bytes = recurrent_layout(text, activation_bytes)
+    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, layers=text["num_hidden_layers"], hidden=text["hidden_size"],
                       intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
                       kv_heads=text.get("num_key_value_heads") or heads,
                       head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],

@@ -72,7 +72,7 @@ class Engine:
             picked = mx.take_along_axis(h, mx.array(np.clip(last - start, 0, stop - start - 1))[:, None, None], axis=1)[:, 0]
             hidden = picked if hidden is None else mx.where(mx.array(here)[:, None], picked, hidden)
             if stop < width:  # bound the workspace: finish this chunk before building the next
-                mx.eval(hidden, [(layer.keys, layer.values) for layer in cache.layers], cache.offset)
+                mx.eval(hidden, cache.arrays())
         return self.parts.head(hidden)
 
     def decode(self, cache: RaggedCache, logits: mx.array, key: mx.array, *, temperature: float,

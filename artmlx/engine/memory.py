@@ -103,6 +103,26 @@ def apply_limits(budget: int) -> None:
     mx.set_cache_limit(budget // 4)
 
 
+def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
+    """(recurrent layers, bytes of their state per row) from a language model's config. Gated DeltaNet
+    (Qwen3.5, Qwen3-Next) keeps a float32 delta-rule state of value heads x value dim x key dim and a
+    convolution window; LFM2's short convolutions keep a window of hidden-size features."""
+    layers = text["num_hidden_layers"]
+    if "linear_num_value_heads" in text:
+        interval = text.get("full_attention_interval") or 4
+        count = sum(1 for i in range(layers) if (i + 1) % interval != 0)
+        hv, dv = text["linear_num_value_heads"], text["linear_value_head_dim"]
+        hk, dk = text["linear_num_key_heads"], text["linear_key_head_dim"]
+        window = ((text.get("linear_conv_kernel_dim") or 4) - 1) * (2 * hk * dk + hv * dv) * activation_bytes
+        return count, count * (hv * dv * dk * 4 + window)
+    if text.get("model_type") == "lfm2":
+        attention = text.get("full_attn_idxs") or [i for i, kind in enumerate(text.get("layer_types") or [])
+                                                   if kind == "full_attention"]
+        count = layers - len(attention)
+        return count, count * ((text.get("conv_L_cache") or 3) - 1) * text["hidden_size"] * activation_bytes
+    return 0, 0
+
+
 @dataclass(frozen=True)
 class ModelShape:
     layers: int
@@ -115,6 +135,8 @@ class ModelShape:
     activation_bytes: int
     weight_bytes: int
     dense_copy_bytes: int = 0  # dense copies of the 4-bit layers that dequantize per product (model/backend.py)
+    recurrent_layers: int = 0  # layers that keep a state per row instead of keys and values
+    state_bytes_per_row: int = 0  # those layers' states, one row
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
@@ -124,7 +146,9 @@ class ModelShape:
         floats = [v for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
         # The compute dtype is that of the base's largest float tensor (LoRA's float32 adapters are small).
         activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
-        return cls(layers=args.num_hidden_layers, hidden=args.hidden_size,
+        recurrent, state_bytes = recurrent_layout({"model_type": getattr(args, "model_type", ""), **vars(args)},
+                                                  activation_bytes)
+        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, layers=args.num_hidden_layers, hidden=args.hidden_size,
                    intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    vocab=args.vocab_size, activation_bytes=activation_bytes,
@@ -134,7 +158,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
+        return (self.layers - self.recurrent_layers) * 2 * self.kv_heads * self.head_dim * self.activation_bytes
 
     def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
         hidden, mlp = PREFILL_DENSE[device]
@@ -165,7 +189,8 @@ class MemoryPlan:
 
     def rows_per_batch(self, slots_per_row: int) -> int:
         """Rows whose KV cache (and decode logits) fit, capped by what the device can use."""
-        per_row = self.shape.kv_bytes_per_token * slots_per_row + DECODE_BYTES_PER_VOCAB * self.shape.vocab
+        per_row = (self.shape.kv_bytes_per_token * slots_per_row + self.shape.state_bytes_per_row
+                   + DECODE_BYTES_PER_VOCAB * self.shape.vocab)
         fit = int(self.free * KV_SHARE // max(per_row, 1))
         return max(1, min(fit, DEVICE_ROWS[self.device]))
 

@@ -18,6 +18,13 @@ As vLLM's automatic prefix caching and SGLang's radix cache, entries are found b
 Keys were written with RoPE at positions 0..n-1, and a row resumed from an entry continues at
 position n, so a hit computes what a full prefill computes (up to the float rounding of a different
 kernel order, as decode against prefill).
+
+A model with recurrent layers (`whole_entries`) keeps, for those layers, the state after the entry's
+last token, which cannot be cut back to an earlier position: a prompt then reuses an entry only when
+the whole entry is its prefix (an agent's next turn extends the previous turn's sequence, so that is
+the case that matters; SGLang's Mamba radix cache likewise keeps states at node ends only). Such
+entries are found by the hash of all their tokens, per length: the longest entry that is a whole
+prefix of the prompt answers, however many entries share its first blocks (a group's samples do).
 """
 
 from __future__ import annotations
@@ -32,16 +39,18 @@ import mlx.core as mx
 class Entry:
     version: int
     tokens: list[int]
-    kv: list[tuple[mx.array, mx.array]]  # per layer: (heads, n, head_dim) keys and values
+    kv: list[tuple[mx.array, ...]]  # per layer: (heads, n, head_dim) keys and values, or a recurrent state
     nbytes: int
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, block: int = 16):
+    def __init__(self, max_bytes: int, block: int = 16, whole_entries: bool = False):
         self.max_bytes = max_bytes
         self.block = block
+        self.whole_entries = whole_entries
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.index: dict[tuple[int, int], int] = {}  # (version, chain hash of the first k blocks) -> entry id
+        self.ends: dict[tuple[int, int], dict[int, int]] = {}  # whole entries: (version, length) -> {hash: id}
         self.nbytes = 0
         self._next = 0
         self.lookups = self.hits = self.hit_tokens = self.lookup_tokens = 0
@@ -56,13 +65,15 @@ class PrefixCache:
 
     def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
         """Keep `kv` (per layer, for exactly `tokens`) for version `version`; too large for the cache: dropped."""
-        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
+        nbytes = sum(a.nbytes for layer in kv for a in layer)
         if len(tokens) < self.block or nbytes > self.max_bytes:
             return
         ident, self._next = self._next, self._next + 1
         self.entries[ident] = Entry(version, list(tokens), kv, nbytes)
         self.nbytes += nbytes
-        for chain in self._chain(tokens):
+        if self.whole_entries:
+            self.ends.setdefault((version, len(tokens)), {})[hash(tuple(tokens))] = ident
+        for chain in [] if self.whole_entries else self._chain(tokens):
             self.index[(version, chain)] = ident  # the newest sequence with this prefix answers for it
         while self.nbytes > self.max_bytes:
             self._evict(next(iter(self.entries)))
@@ -72,6 +83,8 @@ class PrefixCache:
         (0, None) when nothing is cached."""
         self.lookups += 1
         self.lookup_tokens += len(prompt)
+        if self.whole_entries:
+            return self._lookup_whole(version, prompt)
         found = None
         for chain in reversed(self._chain(prompt[:-1])):
             ident = self.index.get((version, chain))
@@ -92,6 +105,17 @@ class PrefixCache:
         self.hit_tokens += n
         return n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]
 
+    def _lookup_whole(self, version: int, prompt: list[int]):
+        lengths = sorted((n for v, n in self.ends if v == version and self.block <= n < len(prompt)), reverse=True)
+        for n in lengths:
+            ident = self.ends[(version, n)].get(hash(tuple(prompt[:n])))
+            if ident is not None and self.entries[ident].tokens == prompt[:n]:  # the hash chose it; the ids decide
+                self.entries.move_to_end(ident)
+                self.hits += 1
+                self.hit_tokens += n
+                return n, self.entries[ident].kv
+        return 0, None
+
     def drop_version(self, version: int) -> None:
         for ident in [i for i, e in self.entries.items() if e.version == version]:
             self._evict(ident)
@@ -99,6 +123,11 @@ class PrefixCache:
     def _evict(self, ident: int) -> None:
         entry = self.entries.pop(ident)
         self.nbytes -= entry.nbytes
+        ends = self.ends.get((entry.version, len(entry.tokens)), {})
+        if ends.get(hash(tuple(entry.tokens))) == ident:
+            del ends[hash(tuple(entry.tokens))]
+            if not ends:
+                del self.ends[(entry.version, len(entry.tokens))]
         for chain in self._chain(entry.tokens):
             if self.index.get((entry.version, chain)) == ident:
                 del self.index[(entry.version, chain)]

@@ -88,7 +88,8 @@ class Scheduler:
                  prefix_cache_bytes: int = 0):
         self.engine = engine
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
-        self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.prefix = (PrefixCache(prefix_cache_bytes, whole_entries=bool(engine.parts.recurrent))
+                       if prefix_cache_bytes > 0 else None)
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.prompt_tokens = 0  # prompt tokens of every admitted request
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
@@ -335,8 +336,7 @@ class Scheduler:
             hits = [self.prefix.lookup(version, p) if self.prefix is not None else (0, None) for p in prompts]
             side = self.engine.new_cache(len(prompts))  # (refuses a model whose layers it cannot cache)
             if any(n for n, _ in hits):
-                side = cache_with_prefixes(len(side.layers), [kv for _, kv in hits], self.engine.cache_block,
-                                           windowed=side.state.positions is not None)
+                side = cache_with_prefixes(side, [kv for _, kv in hits])
             logits = self.engine.prefill(side, [p[n:] for p, (n, _) in zip(prompts, hits)])
             self.prefill_tokens += sum(len(p) - n for p, (n, _) in zip(prompts, hits))
             self.prompt_tokens += sum(len(r.prompt) for r in admitted)

@@ -11,6 +11,10 @@ For a micro-batch (`batching.MicroBatch`):
 4. the n logprobs are scattered back to (B, T) (zeros elsewhere) for `grpo.policy_loss`.
 The result equals `token_logprobs(model(full inputs), targets)` at every policy position; the tests
 check it against that plain forward, values and gradients.
+
+A recurrent layer's prefix is a state, not keys (`PrefixState`): the prefix pass runs with a padding
+mask and lengths so each prefix row's state (and convolution window) stops at its last real token, and
+each episode row starts from its prefix row's state; gradients flow into the prefix pass through it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,60 @@ class _PrefixState:
         self.row_prefix: mx.array | None = None
         self.prefix_valid: mx.array | None = None  # (B, Wp) per episode row
         self.offset: int | mx.array = 0
+        self.prefix_lengths: mx.array | None = None  # (P,) real tokens of each prefix row, in the prefix pass
+
+
+class PrefixState:
+    """A recurrent layer's state across the two passes (mlx-lm's `ArraysCache` interface): the prefix
+    rows' states after their last real token, then each episode row's start from its prefix row's."""
+
+    def __init__(self, state: _PrefixState, size: int):
+        self.state = state
+        self.final: list[mx.array | None] = [None] * size  # the prefix rows' states after the prefix pass
+
+    def __getitem__(self, index: int):
+        if self.state.row_prefix is None:  # the prefix rows start from the zero state
+            return None
+        final = self.final[index]
+        return None if final is None else final[self.state.row_prefix]
+
+    def __setitem__(self, index: int, value: mx.array) -> None:
+        if self.state.row_prefix is None:  # an episode row's state after its continuation is not needed
+            self.final[index] = value
+
+    @property
+    def lengths(self):
+        return self.state.prefix_lengths if self.state.row_prefix is None else None
+
+    def make_mask(self, N: int):
+        if self.state.row_prefix is None:
+            return mx.arange(N)[None, :] < self.state.prefix_lengths[:, None]
+        return None  # episode rows are right-padded: their padding comes after every real position
+
+    def advance(self, n: int) -> None:
+        """Positions are the shared state's business."""
+
+    def empty(self) -> bool:
+        return self[0] is None
+
+    def checkpoint_state(self):
+        """As `PrefixKV.checkpoint_state`: which pass, and in the episode pass the prefix states as inputs."""
+        state = self.state
+        seen = (state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths)
+        return seen, ([] if state.row_prefix is None else [a for a in self.final if a is not None])
+
+    @contextlib.contextmanager
+    def restored(self, seen, arrays):
+        state = self.state
+        now = (state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths, list(self.final))
+        state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths = seen
+        if arrays:
+            given = iter(arrays)
+            self.final = [None if a is None else next(given) for a in self.final]
+        try:
+            yield
+        finally:
+            state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths, self.final = now
 
 
 class PrefixKV:
@@ -60,21 +118,21 @@ class PrefixKV:
         """What a layer call sees (`checkpointing`): which pass and its offsets, and in the episode pass the
         prefix keys and values, returned apart so they become the checkpointed call's explicit inputs."""
         state = self.state
-        seen = (state.row_prefix, state.prefix_valid, state.offset)
+        seen = (state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths)
         return seen, ([] if state.row_prefix is None else [self.keys, self.values])
 
     @contextlib.contextmanager
     def restored(self, seen, arrays):
         """The state of `checkpoint_state` back for a recomputation, and afterwards the state of now."""
         state = self.state
-        now = (state.row_prefix, state.prefix_valid, state.offset, self.keys, self.values)
-        state.row_prefix, state.prefix_valid, state.offset = seen
+        now = (state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths, self.keys, self.values)
+        state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths = seen
         if arrays:
             self.keys, self.values = arrays
         try:
             yield
         finally:
-            state.row_prefix, state.prefix_valid, state.offset, self.keys, self.values = now
+            state.row_prefix, state.prefix_valid, state.offset, state.prefix_lengths, self.keys, self.values = now
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         state = self.state
@@ -92,10 +150,13 @@ def hidden_states(parts: ModelParts, num_layers: int, prefix_inputs: mx.array, p
     if prefix_inputs.size == 0:
         return parts.trunk(inputs, None)
     state = _PrefixState()
-    cache = [PrefixKV(state) for _ in range(num_layers)]
-    parts.trunk(prefix_inputs, cache)  # fills every layer's keys and values; its outputs are not needed
+    cache = [PrefixState(state, parts.recurrent[i]) if i in parts.recurrent else PrefixKV(state)
+             for i in range(num_layers)]
+    state.prefix_lengths = prefix_lengths
+    parts.trunk(prefix_inputs, cache)  # fills every layer's keys and values (or states); its outputs are not needed
     width = prefix_inputs.shape[1]
     lengths = prefix_lengths[row_prefix]
+    state.prefix_lengths = None
     state.row_prefix = row_prefix
     state.prefix_valid = mx.arange(width)[None, :] < lengths[:, None]
     state.offset = lengths

@@ -156,7 +156,9 @@ class GRPOTrainer:
         grad_norms, skipped = [], 0
         if data.episodes:
             # Minibatches split whole groups, so a group's episodes stay together (and share their prompt).
-            self.model.train(self.config.lora_dropout > 0)  # dropout in the learner's forward only
+            # Dropout in the learner's forward only. Recurrent layers train too: mlx-lm's Gated DeltaNet takes
+            # its Metal kernel, which has no gradient, unless the layer is training (then its plain ops).
+            self.model.train(self.config.lora_dropout > 0 or bool(self.parts.recurrent))
             for part in np.array_split(np.arange(len(data.groups)), self.config.minibatches):
                 if len(part):
                     flat_share = data.skipped_episodes * len(part) / len(data.groups)

@@ -6,9 +6,12 @@ their config holds it under `text_config` and mlx-lm's wrapper class keeps it as
 artmlx trains and serves that text tower; the wrapper's `__call__` for text inputs is the tower's.
 
 The engine caches keys and values in its ragged cache (`engine/cache.py`), which is what mlx-lm's
-`KVCache` holds. A family whose layers make another cache (sliding-window layers make
-`RotatingKVCache`; recurrent ones, Gated DeltaNet, convolutions and Mamba, make `ArraysCache`) is
-refused when it is loaded, by every command, naming those layers.
+`KVCache` holds; sliding-window layers (mlx-lm's `RotatingKVCache`) get a window mask over it in the
+families listed in `WINDOWED_FAMILIES`, and recurrent layers (mlx-lm's `ArraysCache`: Gated DeltaNet,
+short convolutions) a per-row state in the families of `RECURRENT_FAMILIES`, whose layers honour the
+padding mask and lengths mlx-lm's batched generation gives them (each family tested against mlx-lm's
+own forward). Any other cache (Mamba's, RWKV's, chunked or quantized attention), or a cache of a
+family not listed, is refused when the model is loaded, by every command, naming those layers.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import mlx.nn as nn
 
 SUPPORTED_CACHES = {"KVCache"}
 WINDOWED_FAMILIES = {"gemma3_text", "olmo3", "gpt_oss"}
+RECURRENT_FAMILIES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "lfm2"}
+"""Model types whose recurrent layers (ArraysCache in mlx-lm: Gated DeltaNet, LFM2's short convolutions) the
+engine keeps a per-row state for, and the learner's shared-prefix forward starts from a prefix's state."""
 """Model types whose sliding-window layers (RotatingKVCache in mlx-lm) the engine and learner run with a
 window mask over the full cache (tested against mlx-lm's own forward; memory is not bounded by the window)."""
 CACHE_KINDS = {
@@ -51,7 +57,9 @@ def unsupported_layers(model: nn.Module) -> dict[str, list[int]]:
     if not hasattr(model, "make_cache"):
         return {}
     layers = collections.defaultdict(list)
-    supported = SUPPORTED_CACHES | ({"RotatingKVCache"} if _model_type(model) in WINDOWED_FAMILIES else set())
+    model_type = _model_type(model)
+    supported = (SUPPORTED_CACHES | ({"RotatingKVCache"} if model_type in WINDOWED_FAMILIES else set())
+                 | ({"ArraysCache"} if model_type in RECURRENT_FAMILIES else set()))
     for index, cache in enumerate(model.make_cache()):
         kind = type(cache).__name__
         if kind not in supported:
@@ -78,8 +86,9 @@ def check_supported(model: nn.Module, name: str = "this model") -> None:
              for kind, rows in found.items()]
     raise ValueError(f"{name} (model type {model_type!r}) has {'; '.join(parts)}. artmlx runs models whose every "
                      "layer is full attention with a KV cache (Qwen2/2.5/3, Qwen3-MoE, Llama, Mistral/Ministral, "
-                     "SmolLM3, and such text towers of multimodal checkpoints), and sliding-window layers in "
-                     f"{', '.join(sorted(WINDOWED_FAMILIES))}; recurrent layers and other sliding-window families "
+                     "SmolLM3, and such text towers of multimodal checkpoints), sliding-window layers in "
+                     f"{', '.join(sorted(WINDOWED_FAMILIES))}, and recurrent layers in "
+                     f"{', '.join(sorted(RECURRENT_FAMILIES))}; other recurrent and sliding-window families "
                      "are not supported yet.")
 
 

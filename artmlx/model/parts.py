@@ -11,7 +11,7 @@ gathered after, which is slower but always correct.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import mlx.core as mx
@@ -20,7 +20,8 @@ import mlx.nn as nn
 from .families import text_model
 
 # Model types whose Model.__call__ is exactly head(model.model(inputs, cache)), nothing after the head.
-SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", "ministral3")
+SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", "ministral3", "qwen3_next", "qwen3_5", "qwen3_5_text",
+                     "qwen3_5_moe", "qwen3_5_moe_text", "lfm2")
 
 
 @dataclass
@@ -30,13 +31,23 @@ class ModelParts:
     split: bool
     hidden_size: int
     vocab_size: int
+    recurrent: dict[int, int] = field(default_factory=dict)  # layer index -> arrays in its recurrent state
 
 
 def _identity(x: mx.array) -> mx.array:
     return x
 
 
+def recurrent_layers(model: nn.Module) -> dict[int, int]:
+    """Layer index -> number of state arrays, for the layers mlx-lm gives a recurrent state (`ArraysCache`:
+    Gated DeltaNet's convolution and delta-rule states, a short convolution's window)."""
+    if not hasattr(model, "make_cache"):
+        return {}
+    return {i: len(c.cache) for i, c in enumerate(model.make_cache()) if type(c).__name__ == "ArraysCache"}
+
+
 def model_parts(model: nn.Module) -> ModelParts:
+    recurrent = recurrent_layers(model)
     model = text_model(model)  # a multimodal wrapper's language model: its __call__ for text inputs
     args = getattr(model, "args", None)
     model_type = getattr(args, "model_type", None)
@@ -44,9 +55,9 @@ def model_parts(model: nn.Module) -> ModelParts:
     hidden = getattr(args, "hidden_size", 0)
     inner = getattr(model, "model", None)
     if model_type in SPLIT_MODEL_TYPES and inner is not None:
-        if getattr(args, "tie_word_embeddings", False) and not hasattr(model, "lm_head"):
-            head = inner.embed_tokens.as_linear
-        else:
+        if hasattr(model, "lm_head") and not getattr(args, "tie_word_embeddings", False):
             head = model.lm_head
-        return ModelParts(lambda inputs, cache=None: inner(inputs, cache), head, True, hidden, vocab)
-    return ModelParts(lambda inputs, cache=None: model(inputs, cache=cache), _identity, False, vocab, vocab)
+        else:  # tied embeddings (LFM2 always ties: its args have no such field)
+            head = inner.embed_tokens.as_linear
+        return ModelParts(lambda inputs, cache=None: inner(inputs, cache), head, True, hidden, vocab, recurrent)
+    return ModelParts(lambda inputs, cache=None: model(inputs, cache=cache), _identity, False, vocab, vocab, recurrent)

@@ -105,3 +105,18 @@ def test_lookup_matches_token_by_token_past_the_last_whole_block():
     assert cache.lookup(1, list(range(10)))[0] == 0  # another adapter version
     assert cache.lookup(0, [0, 1, 2])[0] == 0  # shorter than a block
     assert cache.lookup(0, list(range(10)))[0] == 9  # at least one token is left to prefill
+
+
+def test_a_recurrent_models_entries_are_reused_whole_or_not_at_all():
+    """A recurrent layer's state belongs to an entry's last token: a prompt that shares only part of an
+    entry gets no hit from it, but an older, shorter entry that it extends whole still answers."""
+    cache = PrefixCache(1 << 20, block=4, whole_entries=True)
+    state = lambda n: [(mx.zeros((1, n, 1)), mx.zeros((1, n, 1))), (mx.full((3,), float(n)),)]  # noqa: E731
+    cache.insert(0, list(range(8)), state(8))
+    cache.insert(0, list(range(12)), state(12))  # the newest entry with the first 8 tokens' blocks
+    n, got = cache.lookup(0, list(range(12)) + [50])
+    assert n == 12 and float(got[1][0][0]) == 12
+    n, got = cache.lookup(0, list(range(10)) + [50, 51])  # inside the 12-token entry: only the 8 one is whole
+    assert n == 8 and float(got[1][0][0]) == 8 and got[0][0].shape[1] == 8
+    assert cache.lookup(0, list(range(6)) + [50, 51, 52])[0] == 0  # no entry is a whole prefix of it
+    assert cache.lookup(0, list(range(8)))[0] == 0  # the whole prompt cached: one token must be prefilled

@@ -28,23 +28,27 @@ from tests.helpers import family_folder, learner_logprobs
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     folders = {family: family_folder(root, family)
-               for family in ("qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "lfm2")}
+               for family in ("qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "lfm2", "qwen3_5",
+                              "qwen3_next", "mamba")}
     # a vocabulary large enough that the tied head is one of the 4-bit layers that dequantize on the CPU
     folders["qwen3-wide"] = family_folder(root, "qwen3", "qwen3-wide", vocab_size=2048)
     folders["qwen3-deep"] = family_folder(root, "qwen3", "qwen3-deep", num_hidden_layers=12)  # checkpointing pays
     return folders
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next",
+                                    "lfm2"])
 def test_family_rolls_out_recomputes_and_trains(folders, family):
     """A flat config, a multimodal wrapper (`text_config`), sliding-window layers (Gemma 3, OLMo 3,
-    GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer): the
-    sampler's logprobs are the learner's recompute, and a GRPO step moves the adapters."""
+    GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer), hybrids with
+    recurrent layers (Qwen3.5 nested, Qwen3-Next with experts: Gated DeltaNet; LFM2: short convolutions):
+    the sampler's logprobs are the learner's recompute (the prefix pass ends in a state), and a GRPO
+    step moves the adapters."""
     model, tokenizer, count = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
     assert count > 0
     shape = ModelShape.of(model)
     assert (shape.layers, shape.hidden, shape.vocab) == (2, 64, 128)
-    if family == "mistral3":
+    if family in ("mistral3", "qwen3_5"):
         assert text_model(model) is model.language_model
     rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=1.0))
     groups = rollouts.play([1, 2], 4, mx.random.key(0))
@@ -61,9 +65,10 @@ def test_family_rolls_out_recomputes_and_trains(folders, family):
     assert any(not np.array_equal(before[k], np.array(after[k])) for k in before)
 
 
-def test_nested_config_model_serves_a_chat(folders):
-    """`artmlx serve` on Ministral 3's wrapper: a chat request through the real openai client."""
-    server = ModelServer(ServeConfig(model=str(folders["mistral3"]), max_tokens=8))
+@pytest.mark.parametrize("family", ["mistral3", "qwen3_5"])
+def test_nested_config_model_serves_a_chat(folders, family):
+    """`artmlx serve` on Ministral 3's and Qwen3.5's wrappers: a chat request through the real openai client."""
+    server = ModelServer(ServeConfig(model=str(folders[family]), max_tokens=8))
     port, ready = free_port(), threading.Event()
     http = run_server(server, "127.0.0.1", port, "", ready=ready)
     try:
@@ -81,10 +86,11 @@ def test_nested_config_model_serves_a_chat(folders):
         server.close()
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "olmo3", "gpt_oss"])
-def test_sliding_window_layers_see_the_window_in_ragged_chunks(folders, family):
+@pytest.mark.parametrize("family", ["gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next", "lfm2"])
+def test_ragged_chunks_equal_each_row_alone(folders, family):
     """Rows of different lengths fed in two ragged chunks through the engine's cache (holes between
-    them) get mlx-lm's own full-sequence logits at every new position, window mask included."""
+    them) get mlx-lm's own full-sequence logits at every new position: window masks included, and
+    recurrent states (and convolution windows) that padded positions leave unchanged."""
     from artmlx.engine.generate import Engine
 
     model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
@@ -100,13 +106,15 @@ def test_sliding_window_layers_see_the_window_in_ragged_chunks(folders, family):
     for row in range(3):
         expected = model(mx.array([first[row] + later[row]]))[0, -len(later[row]):]
         np.testing.assert_allclose(np.array(out[row, : len(later[row])]), np.array(expected), atol=2e-4, rtol=1e-4)
+    alone = model(mx.array([later[1]]))[0]  # the history matters: without it the logits are others
+    assert float(mx.abs(out[1, : len(later[1])] - alone).max()) > 1e-2
 
 
-def test_recurrent_family_is_refused_at_load_in_every_command(folders):
-    """LFM2's short-convolution layers: refused when loaded, naming them, by the library, the server
-    and the command line (before, `artmlx serve` started and answered every request with a 500)."""
-    folder = str(folders["lfm2"])
-    with pytest.raises(ValueError, match=r"recurrent state .* \(ArraysCache: layers 0\)"):
+def test_unsupported_recurrent_family_is_refused_at_load_in_every_command(folders):
+    """Mamba's layers ignore padding masks (a padded position would change a row's state): refused when
+    loaded, naming them, by the library, the server and the command line."""
+    folder = str(folders["mamba"])
+    with pytest.raises(ValueError, match=r"recurrent state .* \(ArraysCache: layers 0-1\)"):
         load_policy(folder, LoraSpec(rank=4))
     with pytest.raises(ValueError, match="recurrent"):
         ModelServer(ServeConfig(model=folder))
@@ -117,7 +125,7 @@ def test_recurrent_family_is_refused_at_load_in_every_command(folders):
         assert "ArraysCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2"])
 def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     """`train --dry-run` reads config.json and the safetensors headers only; the shape it plans with is
     the one `ModelShape.of` reads from the loaded base (weights, dtype, dense copies included)."""
@@ -128,6 +136,17 @@ def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     assert shape_from_folder(folders[family]) == ModelShape.of(model)
     if family == "qwen3-wide":
         assert ModelShape.of(model).dense_copy_bytes > 0
+    if family in ("qwen3_5", "qwen3_next", "lfm2"):  # layer 0 keeps a state, layer 1 keys and values
+        shape = ModelShape.of(model)
+        assert shape.recurrent_layers == 1 and shape.kv_bytes_per_token == 2 * 2 * 16 * shape.activation_bytes
+        from artmlx.engine.cache import LayerState
+        from artmlx.engine.generate import Engine
+
+        engine = Engine(model)
+        cache = engine.new_cache(1)
+        engine.prefill(cache, [[5, 6, 7, 8, 9]])
+        states = [layer for layer in cache.layers if isinstance(layer, LayerState)]
+        assert sum(layer.nbytes for layer in states) == shape.state_bytes_per_row  # the estimate is the state
 
 
 def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(folders):
@@ -152,19 +171,21 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     auto = dry_run(*args)
     assert auto.returncode == 0 and json.loads(auto.stdout.strip().splitlines()[-1])["grad_checkpoint"]
     assert dry_run(*args, "--set", "grad_checkpoint='off'").returncode == 1
-    refused = dry_run("--model", str(folders["lfm2"]))
+    refused = dry_run("--model", str(folders["mamba"]))
     assert refused.returncode != 0 and "ArraysCache" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def test_sliding_window_rows_join_leave_compact_and_hit_the_prefix_cache(folders):
-    """Continuous batching on Gemma 3 (window 8): requests joining midway, a long prompt's holes
-    compacted, a follow-up turn starting from the prefix cache; each greedy sequence is the one it
-    gets alone from mlx-lm's forward."""
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "lfm2"])
+def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family):
+    """Continuous batching on Gemma 3 (window 8) and the recurrent hybrids: requests joining midway, a
+    long prompt's holes compacted, a follow-up turn starting from the prefix cache (for a recurrent model,
+    from the state after the whole earlier sequence); each greedy sequence is the one it gets alone from
+    mlx-lm's forward."""
     from artmlx.engine.generate import Engine
     from artmlx.engine.scheduler import Request, Scheduler
     from tests.engine.test_scheduler import assert_greedy_and_exact, run
 
-    model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
+    model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
     rng = np.random.default_rng(1)
     prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
     scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24)
@@ -180,7 +201,7 @@ def test_sliding_window_rows_join_leave_compact_and_hit_the_prefix_cache(folders
         assert_greedy_and_exact(model, request)
 
 
-@pytest.mark.parametrize("family", ["mistral3", "gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("family", ["mistral3", "gemma3_text", "gpt_oss", "qwen3_5"])
 def test_checkpointed_update_equals_the_plain_one_in_each_family(folders, family):
     """Per-layer checkpointing through each family's own layer signature (Ministral 3 passes an attention
     scale, Gemma 3 and GPT-OSS window masks): the adapters after one update match the plain update's."""
@@ -199,3 +220,56 @@ def test_checkpointed_update_equals_the_plain_one_in_each_family(folders, family
         after[setting] = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
     for name in after["off"]:
         np.testing.assert_allclose(after["on"][name], after["off"][name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2"])
+def test_recurrent_prefix_state_gives_the_full_forwards_logprobs_and_gradients(folders, family):
+    """The learner's shared-prompt forward on a hybrid: prefix rows of different lengths end in states
+    that their episode rows continue from; logprobs and adapter gradients equal each episode run alone."""
+    import mlx.nn as nn
+
+    from tests.learner.test_forward import _full_forward, _learner_forward
+
+    model, tokenizer, _ = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
+    from mlx.utils import tree_unflatten
+
+    from artmlx.learner.batching import common_prefix
+
+    mx.random.seed(4)  # nonzero B: the adapters take part in the forward
+    model.update(tree_unflatten([(name, mx.random.normal(value.shape) * 0.05 if name.endswith("lora_b") else value)
+                                 for name, value in tree_flatten(model.trainable_parameters())]))
+    groups = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"),
+                             SamplingParams(temperature=1.0)).play([3, 4], 3, mx.random.key(2))
+    episodes = [e for g in groups for e in g.episodes]
+    episodes[5].tokens[4] = (episodes[5].tokens[4] + 1) % 90 + 6  # the second group shares only 4 tokens
+    members = [[0, 1, 2], [3, 4, 5]]
+    assert common_prefix(episodes[3:]) == 4 < common_prefix(episodes[:3])  # prefix rows of different lengths
+    expected = _full_forward(model, episodes)
+    for e, g in zip(expected, _learner_forward(model, episodes, members)):
+        np.testing.assert_allclose(g, np.array(e), atol=1e-5, rtol=1e-5)
+
+    trainer = GRPOTrainer(model, load_config(None, {"temperature": 1.0}))
+    batches = trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members)
+    weights = [mx.array(np.random.default_rng(i).standard_normal(len(e)).astype(np.float32))
+               for i, e in enumerate(expected)]
+
+    def learner_loss(model):
+        total = mx.array(0.0)
+        for batch in batches:
+            logp = trainer.policy_logprobs(batch)
+            for row, index in enumerate(batch.episodes):
+                positions = mx.array(np.flatnonzero(np.array(batch.mask[row]) > 0))
+                total = total + (logp[row][positions] * weights[index]).sum()
+        return total
+
+    def full_loss(model):
+        return sum((lp * w).sum() for lp, w in zip(_full_forward(model, episodes), weights))
+
+    model.train(True)  # as the trainer's step: mlx-lm's recurrent layers take their differentiable ops
+    learner_grads = dict(tree_flatten(nn.value_and_grad(model, learner_loss)(model)[1]))
+    full_grads = dict(tree_flatten(nn.value_and_grad(model, full_loss)(model)[1]))
+    model.eval()
+    assert learner_grads.keys() == full_grads.keys() and learner_grads
+    assert any(float(mx.abs(g).max()) > 0 for g in full_grads.values())
+    for name in full_grads:
+        np.testing.assert_allclose(np.array(learner_grads[name]), np.array(full_grads[name]), atol=2e-4, rtol=1e-3)
