@@ -79,6 +79,9 @@ class Family:
 
 
 QWEN2 = Family(151643, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), None, "<|endoftext|>")
+# Qwen3.5's 248,320-token vocabulary: the same specials in the same order from id 248,044 (its published
+# config puts <|vision_start|> at 248,053, <|image_pad|> at 248,056 and <|video_pad|> at 248,057, as here)
+QWEN35 = Family(248044, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), None, "<|endoftext|>")
 LLAMA3 = Family(128000, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
                 "<|begin_of_text|>", "<|finetune_right_pad_id|>")
 
@@ -92,6 +95,9 @@ _LLAMA_COMMON = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "
 _QWEN3_COMMON = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rms_norm_eps": 1e-6,
                  "rope_theta": 1000000.0, "max_position_embeddings": 40960, "hidden_act": "silu", "head_dim": 128,
                  "num_key_value_heads": 8, "vocab_size": 151936, "attention_bias": False}
+
+_QWEN3_MOE_COMMON = {**_QWEN3_COMMON, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                     "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
 
 # Shapes from the published config.json of each model.
 ARCHITECTURES: dict[str, tuple[Family, dict]] = {
@@ -115,6 +121,25 @@ ARCHITECTURES: dict[str, tuple[Family, dict]] = {
                          "num_attention_heads": 32, "tie_word_embeddings": False}),
     "qwen3-14b": (QWEN2, {**_QWEN3_COMMON, "hidden_size": 5120, "num_hidden_layers": 40, "intermediate_size": 17408,
                           "num_attention_heads": 40, "tie_word_embeddings": False}),
+    # mixture of experts: 128 experts of which 8 per token (3.3B active of 30.5B)
+    "qwen3-30b-a3b": (QWEN2, {**_QWEN3_MOE_COMMON, "hidden_size": 2048, "num_hidden_layers": 48,
+                              "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+                              "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                              "tie_word_embeddings": False}),
+    # a hybrid in a multimodal wrapper: 18 Gated DeltaNet layers and 6 gated-attention layers (the text tower;
+    # the vision encoder is not synthesised)
+    "qwen3.5-0.8b": (QWEN35, {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                              "tie_word_embeddings": True, "text_config": {
+                                  "model_type": "qwen3_5_text", "hidden_size": 1024, "intermediate_size": 3584,
+                                  "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                  "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 248320,
+                                  "max_position_embeddings": 262144, "tie_word_embeddings": True,
+                                  "attn_output_gate": True, "full_attention_interval": 4,
+                                  "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+                                  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                                  "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                                                      "rope_type": "default", "rope_theta": 10000000,
+                                                      "partial_rotary_factor": 0.25}}}),
     "llama-3.2-1b": (LLAMA3, {**_LLAMA_COMMON, "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                               "vocab_size": 128256, "tie_word_embeddings": True}),
@@ -174,14 +199,15 @@ def model_config(family: Family, shape: dict, arch: str) -> dict:
     tokenizer_size = family.regular_tokens + len(family.specials)
     specials = {name: family.regular_tokens + i for i, name in enumerate(family.specials)}
     eos = [specials[name] for name in family.eos]
+    vocab_size = (shape.get("text_config") or shape)["vocab_size"]  # a multimodal wrapper nests it
     config = {**shape, "torch_dtype": "bfloat16",
               "eos_token_id": eos if len(eos) > 1 else eos[0],
               "bos_token_id": specials[family.bos] if family.bos else specials[family.eos[-1]],
               "quantization": {"group_size": GROUP_SIZE, "bits": BITS, "mode": "affine"},
               "artmlx_synthetic": {"architecture": arch, "weights": "random", "tokenizer_size": tokenizer_size}}
     config["quantization_config"] = dict(config["quantization"])
-    if tokenizer_size > shape["vocab_size"]:
-        raise ValueError(f"{arch}: tokenizer of {tokenizer_size} tokens exceeds the vocabulary {shape['vocab_size']}")
+    if tokenizer_size > vocab_size:
+        raise ValueError(f"{arch}: tokenizer of {tokenizer_size} tokens exceeds the vocabulary {vocab_size}")
     return config
 
 
