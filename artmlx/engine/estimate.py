@@ -79,7 +79,8 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
     if _dequantizes(device):
         for name, (dtype, shape) in tensors.items():
             stem = name.removesuffix(".weight")
-            if name.endswith(".weight") and dtype == "U32" and f"{stem}.scales" in tensors:
+            # 2-D only: experts' 3-D matrices (SwitchLinear) keep their 4-bit kernel (backend.use_dequantizing_layers)
+            if name.endswith(".weight") and dtype == "U32" and len(shape) == 2 and f"{stem}.scales" in tensors:
                 count = shape[0] * shape[1] * 32 // bits
                 if count >= DEQUANT_MIN_WEIGHTS:
                     dense += count * activation_bytes

@@ -277,3 +277,20 @@ def test_recurrent_prefix_state_gives_the_full_forwards_logprobs_and_gradients(f
     assert any(float(mx.abs(g).max()) > 0 for g in full_grads.values())
     for name in full_grads:
         np.testing.assert_allclose(np.array(learner_grads[name]), np.array(full_grads[name]), atol=2e-4, rtol=1e-3)
+
+
+def test_estimate_counts_dense_copies_of_two_dimensional_layers_only():
+    """Experts' 3-D 4-bit matrices keep MLX's kernel on every backend (only QuantizedLinear and tied heads
+    dequantize), so the estimate gives them no dense copy however large (Qwen3-30B-A3B's shape)."""
+    from artmlx.engine.estimate import shape_from_tensors
+    from artmlx.model.synth import architecture, model_config, parameter_layout
+
+    family, shape = architecture("qwen3-30b-a3b")
+    config = model_config(family, shape, "qwen3-30b-a3b")
+    layout = parameter_layout(config)
+    dtypes = {"uint32": "U32", "bfloat16": "BF16", "float32": "F32", "float16": "F16"}
+    tensors = {name: (dtypes[dtype], dims) for name, (dims, dtype) in layout.items()}
+    estimated = shape_from_tensors(config, tensors, device="cpu")
+    two_d = sum(d[0] * d[1] * 8 * 4 for t, d in tensors.values()
+                if t == "U32" and len(d) == 2 and d[0] * d[1] * 8 >= (1 << 16))
+    assert estimated.dense_copy_bytes == two_d and two_d < 30e9 * 4 * 0.2  # attention and head, not experts
