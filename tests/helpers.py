@@ -55,6 +55,12 @@ FAMILY_CONFIGS = {
                    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                    "shared_expert_intermediate_size": 64, "moe_intermediate_size": 64, "norm_topk_prob": True,
                    "mlp_only_layers": []},
+    # Gemma 4's text model: sliding and full layers of different head sizes, per-layer input embeddings, and
+    # KV-shared layers (the last 2 reuse the keys and values of the last earlier layer of their kind)
+    "gemma4_text": {"model_type": "gemma4_text", **TINY_DIMS, "num_hidden_layers": 4, "global_head_dim": 32,
+                    "num_kv_shared_layers": 2, "sliding_window": 8, "sliding_window_pattern": 2,
+                    "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": 128,
+                    "final_logit_softcapping": 30.0, "use_double_wide_mlp": True},
     # a pure state-space model: its layers ignore padding masks, so it is refused by name
     "mamba": {"model_type": "mamba", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
               "state_size": 16, "num_hidden_layers": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,

@@ -295,13 +295,13 @@ def cache_with_prefixes(like: RaggedCache, prefixes: list) -> RaggedCache:
 def make_ragged_cache(model, batch_size: int, block: int = 256, windowed: bool | None = None) -> RaggedCache:
     """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once); it keeps slot
     positions when the model has sliding-window layers (`windowed` None: ask the model)."""
-    from ..model.parts import recurrent_layers
+    from ..model.parts import cache_layers, recurrent_layers
 
     if windowed is None:
         from ..model.families import has_sliding_window
 
         windowed = has_sliding_window(model)
-    return RaggedCache(len(model.layers), batch_size, block, windowed, recurrent_layers(model))
+    return RaggedCache(cache_layers(model), batch_size, block, windowed, recurrent_layers(model))
 
 
 def _slots(layer: LayerKV, used: int) -> tuple[mx.array, mx.array]:

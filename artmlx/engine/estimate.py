@@ -86,7 +86,8 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
                     dense += count * activation_bytes
     heads = text["num_attention_heads"]
     recurrent, state_bytes = recurrent_layout(text, activation_bytes)
-    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, layers=text["num_hidden_layers"], hidden=text["hidden_size"],
+    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes,
+                      kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"], hidden=text["hidden_size"],
                       intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
                       kv_heads=text.get("num_key_value_heads") or heads,
                       head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],

@@ -137,6 +137,7 @@ class ModelShape:
     dense_copy_bytes: int = 0  # dense copies of the 4-bit layers that dequantize per product (model/backend.py)
     recurrent_layers: int = 0  # layers that keep a state per row instead of keys and values
     state_bytes_per_row: int = 0  # those layers' states, one row
+    kv_shared_layers: int = 0  # layers that attend over an earlier layer's keys and values (Gemma 4): no cache
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
@@ -148,7 +149,8 @@ class ModelShape:
         activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
         recurrent, state_bytes = recurrent_layout({"model_type": getattr(args, "model_type", ""), **vars(args)},
                                                   activation_bytes)
-        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, layers=args.num_hidden_layers, hidden=args.hidden_size,
+        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes,
+                   kv_shared_layers=getattr(args, "num_kv_shared_layers", 0) or 0, layers=args.num_hidden_layers, hidden=args.hidden_size,
                    intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
                    vocab=args.vocab_size, activation_bytes=activation_bytes,
@@ -158,7 +160,8 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return (self.layers - self.recurrent_layers) * 2 * self.kv_heads * self.head_dim * self.activation_bytes
+        kv_layers = self.layers - self.recurrent_layers - self.kv_shared_layers
+        return kv_layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
 
     def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
         hidden, mlp = PREFILL_DENSE[device]

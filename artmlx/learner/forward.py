@@ -144,14 +144,14 @@ class PrefixKV:
                 mx.concatenate([self.values[rows], values], axis=2))
 
 
-def hidden_states(parts: ModelParts, num_layers: int, prefix_inputs: mx.array, prefix_lengths: mx.array,
+def hidden_states(parts: ModelParts, prefix_inputs: mx.array, prefix_lengths: mx.array,
                   row_prefix: mx.array, inputs: mx.array) -> mx.array:
     """Trunk outputs (B, T, D) for the episode rows, each continuing its prefix row."""
     if prefix_inputs.size == 0:
         return parts.trunk(inputs, None)
     state = _PrefixState()
     cache = [PrefixState(state, parts.recurrent[i]) if i in parts.recurrent else PrefixKV(state)
-             for i in range(num_layers)]
+             for i in range(parts.cache_layers)]
     state.prefix_lengths = prefix_lengths
     parts.trunk(prefix_inputs, cache)  # fills every layer's keys and values (or states); its outputs are not needed
     width = prefix_inputs.shape[1]
@@ -163,11 +163,11 @@ def hidden_states(parts: ModelParts, num_layers: int, prefix_inputs: mx.array, p
     return parts.trunk(inputs, cache)
 
 
-def policy_logprobs(parts: ModelParts, num_layers: int, temperature: float,
+def policy_logprobs(parts: ModelParts, temperature: float,
                     prefix_inputs, prefix_lengths, row_prefix, inputs, targets, policy_positions,
                     gather_back) -> mx.array:
     """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere."""
-    hidden = hidden_states(parts, num_layers, prefix_inputs, prefix_lengths, row_prefix, inputs)
+    hidden = hidden_states(parts, prefix_inputs, prefix_lengths, row_prefix, inputs)
     batch, length = inputs.shape
     # Without a split (an unlisted model family) the trunk already made full logits; the head is the identity.
     logits = parts.head(hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]).astype(mx.float32)

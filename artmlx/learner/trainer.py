@@ -67,13 +67,13 @@ class GRPOTrainer:
 
     def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
               behaviour, advantages, mask, weights, base_logp=None):
-        logp = policy_logprobs(self.parts, len(model.layers), self.config.temperature, prefix_inputs, prefix_lengths,
+        logp = policy_logprobs(self.parts, self.config.temperature, prefix_inputs, prefix_lengths,
                                row_prefix, inputs, targets, positions, gather_back)
         return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:
         """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
-        return policy_logprobs(self.parts, len(self.model.layers), self.config.temperature, *batch.arrays())
+        return policy_logprobs(self.parts, self.config.temperature, *batch.arrays())
 
     def checkpoints(self, episodes: list[Episode]) -> bool:
         """Whether this update's layers are checkpointed (`grad_checkpoint`; "auto" asks the memory plan)."""

@@ -21,7 +21,7 @@ import collections
 import mlx.nn as nn
 
 SUPPORTED_CACHES = {"KVCache"}
-WINDOWED_FAMILIES = {"gemma3_text", "olmo3", "gpt_oss"}
+WINDOWED_FAMILIES = {"gemma3_text", "gemma4_text", "olmo3", "gpt_oss"}
 RECURRENT_FAMILIES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "lfm2"}
 """Model types whose recurrent layers (ArraysCache in mlx-lm: Gated DeltaNet, LFM2's short convolutions) the
 engine keeps a per-row state for, and the learner's shared-prefix forward starts from a prefix's state."""

@@ -32,10 +32,17 @@ class ModelParts:
     hidden_size: int
     vocab_size: int
     recurrent: dict[int, int] = field(default_factory=dict)  # layer index -> arrays in its recurrent state
+    cache_layers: int = 0  # layers that keep a cache (Gemma 4's KV-shared layers reuse an earlier layer's)
 
 
 def _identity(x: mx.array) -> mx.array:
     return x
+
+
+def cache_layers(model: nn.Module) -> int:
+    """How many layers keep a cache of their own: mlx-lm's `make_cache()` list, which leaves out the
+    KV-shared layers of Gemma 4 (they attend over an earlier layer's keys and values)."""
+    return len(model.make_cache()) if hasattr(model, "make_cache") else len(model.layers)
 
 
 def recurrent_layers(model: nn.Module) -> dict[int, int]:
@@ -47,7 +54,7 @@ def recurrent_layers(model: nn.Module) -> dict[int, int]:
 
 
 def model_parts(model: nn.Module) -> ModelParts:
-    recurrent = recurrent_layers(model)
+    recurrent, caching = recurrent_layers(model), cache_layers(model)
     model = text_model(model)  # a multimodal wrapper's language model: its __call__ for text inputs
     args = getattr(model, "args", None)
     model_type = getattr(args, "model_type", None)
@@ -59,5 +66,5 @@ def model_parts(model: nn.Module) -> ModelParts:
             head = model.lm_head
         else:  # tied embeddings (LFM2 always ties: its args have no such field)
             head = inner.embed_tokens.as_linear
-        return ModelParts(lambda inputs, cache=None: inner(inputs, cache), head, True, hidden, vocab, recurrent)
-    return ModelParts(lambda inputs, cache=None: model(inputs, cache=cache), _identity, False, vocab, vocab, recurrent)
+        return ModelParts(lambda inputs, cache=None: inner(inputs, cache), head, True, hidden, vocab, recurrent, caching)
+    return ModelParts(lambda inputs, cache=None: model(inputs, cache=cache), _identity, False, vocab, vocab, recurrent, caching)

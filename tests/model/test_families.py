@@ -29,7 +29,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     folders = {family: family_folder(root, family)
                for family in ("qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "lfm2", "qwen3_5",
-                              "qwen3_next", "mamba")}
+                              "qwen3_next", "mamba", "gemma4_text")}
     # a vocabulary large enough that the tied head is one of the 4-bit layers that dequantize on the CPU
     folders["qwen3-wide"] = family_folder(root, "qwen3", "qwen3-wide", vocab_size=2048)
     folders["qwen3-deep"] = family_folder(root, "qwen3", "qwen3-deep", num_hidden_layers=12)  # checkpointing pays
@@ -37,7 +37,7 @@ def folders(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next",
-                                    "lfm2"])
+                                    "lfm2", "gemma4_text"])
 def test_family_rolls_out_recomputes_and_trains(folders, family):
     """A flat config, a multimodal wrapper (`text_config`), sliding-window layers (Gemma 3, OLMo 3,
     GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer), hybrids with
@@ -47,7 +47,7 @@ def test_family_rolls_out_recomputes_and_trains(folders, family):
     model, tokenizer, count = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
     assert count > 0
     shape = ModelShape.of(model)
-    assert (shape.layers, shape.hidden, shape.vocab) == (2, 64, 128)
+    assert (shape.layers, shape.hidden, shape.vocab) == (4 if family == "gemma4_text" else 2, 64, 128)
     if family in ("mistral3", "qwen3_5"):
         assert text_model(model) is model.language_model
     rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=1.0))
@@ -90,7 +90,7 @@ def test_nested_config_model_serves_a_chat(folders, family):
         server.close()
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next", "lfm2"])
+@pytest.mark.parametrize("family", ["gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text"])
 def test_ragged_chunks_equal_each_row_alone(folders, family):
     """Rows of different lengths fed in two ragged chunks through the engine's cache (holes between
     them) get mlx-lm's own full-sequence logits at every new position: window masks included, and
@@ -129,7 +129,7 @@ def test_unsupported_recurrent_family_is_refused_at_load_in_every_command(folder
         assert "ArraysCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text"])
 def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     """`train --dry-run` reads config.json and the safetensors headers only; the shape it plans with is
     the one `ModelShape.of` reads from the loaded base (weights, dtype, dense copies included)."""
@@ -140,6 +140,8 @@ def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     assert shape_from_folder(folders[family]) == ModelShape.of(model)
     if family == "qwen3-wide":
         assert ModelShape.of(model).dense_copy_bytes > 0
+    if family == "gemma4_text":  # its last 2 of 4 layers reuse earlier layers' keys and values
+        assert ModelShape.of(model).kv_shared_layers == 2
     if family in ("qwen3_5", "qwen3_next", "lfm2"):  # layer 0 keeps a state, layer 1 keys and values
         shape = ModelShape.of(model)
         assert shape.recurrent_layers == 1 and shape.kv_bytes_per_token == 2 * 2 * 16 * shape.activation_bytes
@@ -179,7 +181,7 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     assert refused.returncode != 0 and "ArraysCache" in refused.stderr and "Traceback" not in refused.stderr
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "lfm2"])
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "lfm2", "gemma4_text"])
 def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family):
     """Continuous batching on Gemma 3 (window 8) and the recurrent hybrids: requests joining midway, a
     long prompt's holes compacted, a follow-up turn starting from the prefix cache (for a recurrent model,
@@ -205,7 +207,7 @@ def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family):
         assert_greedy_and_exact(model, request)
 
 
-@pytest.mark.parametrize("family", ["mistral3", "gemma3_text", "gpt_oss", "qwen3_5"])
+@pytest.mark.parametrize("family", ["mistral3", "gemma3_text", "gpt_oss", "qwen3_5", "gemma4_text"])
 def test_checkpointed_update_equals_the_plain_one_in_each_family(folders, family):
     """Per-layer checkpointing through each family's own layer signature (Ministral 3 passes an attention
     scale, Gemma 3 and GPT-OSS window masks): the adapters after one update match the plain update's."""
