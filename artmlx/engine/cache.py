@@ -16,6 +16,13 @@ per-layer buffers that grow in blocks of `block` slots, so a decode step writes 
 concatenates nothing. mlx-lm's attention calls `make_mask` (on the first layer's cache) and each
 layer's `update_and_fetch` and reads `offset` for RoPE, as it does with its own caches.
 
+Sliding-window layers keep only the slots some row may still see: once a window layer's buffer holds
+`window + 2 * block` slots past `window_base`, the cache finds the first slot any row's next query can
+reach (positions p > offset - window; every later query is further on) and drops the slots before it
+from every window layer (one host read of the slot positions, a copy of the window layers' buffers).
+Full-attention layers keep every slot. A window layer's buffer starts at slot `window_base`; a slot
+below it that reappears (after a join or a compaction) holds zeros and is always outside the window.
+
 Recurrent layers (Gated DeltaNet in Qwen3.5 / Qwen3-Next, LFM2's short convolutions) keep a state per
 row instead of slots (`LayerState`, mlx-lm's `ArraysCache` interface): the layer reads its state, and
 `make_mask` / `lengths` tell it which positions of the chunk are real, so a padded position leaves the
@@ -35,8 +42,13 @@ from ..model.lora_kernel import inference
 class RowState:
     """What all layers share: which slots are real, each row's position, where the next chunk goes."""
 
-    def __init__(self, batch_size: int, windowed: bool = False):
+    def __init__(self, batch_size: int, windowed: bool = False, window: int | None = None):
         self.valid = mx.zeros((batch_size, 0), dtype=mx.bool_)
+        self.window = window  # the widest sliding window of the bounded layers (None: no layer is bounded)
+        self.window_base = 0  # first slot the bounded layers' buffers hold
+        # per row: how many of its first real slots the bounded layers hold as zeros (moved to or above
+        # window_base by a compaction or a join); the real slots below window_base are its first ones too
+        self.window_dropped = np.zeros((batch_size,), np.int64)
         self.offset = mx.zeros((batch_size,), dtype=mx.int32)
         # Each slot's position, kept only for models with sliding-window layers (their masks need it)
         self.positions = mx.zeros((batch_size, 0), dtype=mx.int32) if windowed else None
@@ -57,11 +69,16 @@ class RowState:
 class LayerKV:
     """One layer's keys and values over the shared `RowState`."""
 
-    def __init__(self, state: RowState, block: int):
+    def __init__(self, state: RowState, block: int, bounded: bool = False):
         self.state = state
         self.block = block
+        self.bounded = bounded  # a sliding-window layer: its buffer starts at `state.window_base`
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
+
+    @property
+    def first_slot(self) -> int:
+        return self.state.window_base if self.bounded else 0
 
     @property
     def offset(self) -> mx.array:
@@ -85,9 +102,9 @@ class LayerKV:
         state = self.state
         if state.positions is None:
             raise RuntimeError("this cache keeps no slot positions: make it with windowed=True")
-        used = state.used
+        used, base = state.used, state.window_base  # the slots a window layer's buffer holds
         query = state.offset[:, None] + mx.arange(N)[None, :]  # (rows, N)
-        old = state.valid[:, None, :used] & (query[:, :, None] - state.positions[:, None, :used] < window)
+        old = state.valid[:, None, base:used] & (query[:, :, None] - state.positions[:, None, base:used] < window)
         chunk = mx.arange(N)
         new = (chunk[:, None] >= chunk[None, :]) & (chunk[:, None] - chunk[None, :] < window)
         new = mx.broadcast_to(new[None], (state.rows, N, N))
@@ -98,7 +115,7 @@ class LayerKV:
         if state.n_new is None:
             raise RuntimeError("RaggedCache.forward must wrap every forward through the ragged cache")
         batch, heads, n, _ = keys.shape
-        start, end = state.used, state.used + n
+        start, end = state.used - self.first_slot, state.used + n - self.first_slot  # indices in the buffer
         if self.keys is None or end > self.keys.shape[2]:
             grow = -(-max(end - (0 if self.keys is None else self.keys.shape[2]), 1) // self.block) * self.block
             new_k = mx.zeros((batch, heads, grow, keys.shape[3]), keys.dtype)
@@ -176,12 +193,13 @@ class RaggedCache:
     (`model.parts.recurrent_layers`); every other layer caches keys and values."""
 
     def __init__(self, num_layers: int, batch_size: int, block: int = 256, windowed: bool = False,
-                 recurrent: dict[int, int] | None = None):
-        self.state = RowState(batch_size, windowed)
-        self.block = block
+                 recurrent: dict[int, int] | None = None, windows: dict[int, int] | None = None):
         self.recurrent = dict(recurrent or {})
-        self.layers = [LayerState(self.state, self.recurrent[i]) if i in self.recurrent else LayerKV(self.state, block)
-                       for i in range(num_layers)]
+        self.windows = dict(windows or {}) if windowed else {}  # layer index -> its sliding window
+        self.state = RowState(batch_size, windowed, max(self.windows.values()) if self.windows else None)
+        self.block = block
+        self.layers = [LayerState(self.state, self.recurrent[i]) if i in self.recurrent
+                       else LayerKV(self.state, block, bounded=i in self.windows) for i in range(num_layers)]
 
     def arrays(self) -> list[mx.array]:
         """Every array the cache holds (to evaluate it)."""
@@ -189,7 +207,8 @@ class RaggedCache:
 
     def like(self, batch_size: int) -> "RaggedCache":
         """An empty cache of the same kind (layers, block, windowed) for `batch_size` rows."""
-        return RaggedCache(len(self.layers), batch_size, self.block, self.state.positions is not None, self.recurrent)
+        return RaggedCache(len(self.layers), batch_size, self.block, self.state.positions is not None, self.recurrent,
+                           self.windows)
 
     @property
     def rows(self) -> int:
@@ -230,7 +249,29 @@ class RaggedCache:
             state.n_new = None
             state.chunk_full = False
             state.dense = state.dense and full
+        self.trim_windows()
         return out
+
+    def trim_windows(self, force: bool = False) -> None:
+        """Drop the slots no row's next query can see from every sliding-window layer (see the module's
+        docstring); checked once the window layers hold `window + 2 * block` slots (or when `force`)."""
+        state = self.state
+        if state.window is None or not state.used:
+            return
+        base, used = state.window_base, state.used
+        if not force and used - base < state.window + 2 * self.block:
+            return
+        valid = np.array(state.valid[:, base:used])
+        seen = valid & (np.array(state.positions[:, base:used]) > np.array(state.offset)[:, None] - state.window)
+        first = np.where(seen.any(axis=1), seen.argmax(axis=1), used - base)
+        drop = int(first.min())
+        if drop == 0 or (not force and drop < self.block):
+            return
+        for layer in self.layers:
+            if isinstance(layer, LayerKV) and layer.bounded and layer.keys is not None:
+                layer.keys = mx.contiguous(layer.keys[..., drop:, :])  # a copy: the dropped slots are freed
+                layer.values = mx.contiguous(layer.values[..., drop:, :])
+        state.window_base = base + drop
 
     def select(self, rows: mx.array) -> None:
         """Keep (and reorder or repeat) the given rows, in place."""
@@ -238,16 +279,35 @@ class RaggedCache:
             layer.select(rows)
         self.state.valid = self.state.valid[rows]
         self.state.offset = self.state.offset[rows]
+        self.state.window_dropped = self.state.window_dropped[np.array(rows)]
         if self.state.positions is not None:
             self.state.positions = self.state.positions[rows]
 
 
 def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, ...]]:
     """Row `row`'s keys and values at its real slots, in position order: (heads, n, head_dim) per layer; a
-    recurrent layer gives its state arrays for the row instead (the state after the row's every token)."""
-    slots = mx.array(np.flatnonzero(np.array(cache.state.valid[row, :cache.used])).astype(np.int32))
-    return [tuple(c[row] for c in layer.cache) if isinstance(layer, LayerState)
-            else (layer.keys[row][:, slots], layer.values[row][:, slots]) for layer in cache.layers]
+    recurrent layer gives its state arrays for the row instead (the state after the row's every token).
+    A sliding-window layer has zeros at the positions it dropped (`window_from` says how many)."""
+    real = np.flatnonzero(np.array(cache.state.valid[row, :cache.used])).astype(np.int32)
+    slots = mx.array(real)
+    out = []
+    for layer in cache.layers:
+        if isinstance(layer, LayerState):
+            out.append(tuple(c[row] for c in layer.cache))
+        elif layer.bounded and cache.state.window_base:
+            kept = mx.array(real >= cache.state.window_base)[None, :, None]
+            index = mx.array(np.maximum(real - cache.state.window_base, 0))
+            out.append((mx.where(kept, layer.keys[row][:, index], 0), mx.where(kept, layer.values[row][:, index], 0)))
+        else:
+            out.append((layer.keys[row][:, slots], layer.values[row][:, slots]))
+    return out
+
+
+def window_from(cache: RaggedCache, row: int) -> int:
+    """Positions of row `row` whose keys its sliding-window layers no longer hold (0 .. window_from - 1)."""
+    state = cache.state
+    below = int(np.array(state.valid[row, :state.window_base]).sum()) if state.window_base else 0
+    return max(int(state.window_dropped[row]), below)  # both are the row's first real slots
 
 
 def prefix_length(prefix: list[tuple[mx.array, ...]], recurrent: dict[int, int]) -> int:
@@ -282,6 +342,8 @@ def cache_with_prefixes(like: RaggedCache, prefixes: list) -> RaggedCache:
             keys.append(k)
             values.append(v)
         layer.keys, layer.values = mx.stack(keys), mx.stack(values)
+    # positions whose window-layer keys are zeros in the prefix (a prefix cache hit says so: `Prefix.window_from`)
+    cache.state.window_dropped = np.array([getattr(p, "window_from", 0) if p is not None else 0 for p in prefixes])
     lengths_array = mx.array(lengths, dtype=mx.int32)
     cache.state.valid = mx.arange(width)[None, :] < lengths_array[:, None]
     cache.state.offset = lengths_array
@@ -295,17 +357,24 @@ def cache_with_prefixes(like: RaggedCache, prefixes: list) -> RaggedCache:
 def make_ragged_cache(model, batch_size: int, block: int = 256, windowed: bool | None = None) -> RaggedCache:
     """A ragged cache for `model` (one the engine accepted: `Engine` checks its layers once); it keeps slot
     positions when the model has sliding-window layers (`windowed` None: ask the model)."""
+    from ..model.families import window_layers
     from ..model.parts import cache_layers, recurrent_layers
 
-    if windowed is None:
-        from ..model.families import has_sliding_window
-
-        windowed = has_sliding_window(model)
-    return RaggedCache(cache_layers(model), batch_size, block, windowed, recurrent_layers(model))
+    windows = window_layers(model)
+    windowed = bool(windows) if windowed is None else windowed
+    return RaggedCache(cache_layers(model), batch_size, block, windowed, recurrent_layers(model), windows)
 
 
 def _slots(layer: LayerKV, used: int) -> tuple[mx.array, mx.array]:
-    return layer.keys[..., :used, :], layer.values[..., :used, :]
+    """The buffer's slots from `layer.first_slot` up to `used`."""
+    return layer.keys[..., : used - layer.first_slot, :], layer.values[..., : used - layer.first_slot, :]
+
+
+def _pad_slots(k: mx.array, before: int, after: int) -> mx.array:
+    """`k` with `before` and `after` zero slots (holes) around it on the slot axis."""
+    parts = [mx.zeros((*k.shape[:2], before, k.shape[3]), k.dtype)] if before else []
+    parts += [k] + ([mx.zeros((*k.shape[:2], after, k.shape[3]), k.dtype)] if after else [])
+    return mx.concatenate(parts, axis=2) if len(parts) > 1 else k
 
 
 def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
@@ -316,6 +385,7 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
     """
     used = max(first.used, second.used)
     joined = first.like(first.rows + second.rows)
+    joined.state.window_base = min(first.state.window_base, second.state.window_base)
     parts = []
     for cache in (first, second):
         pad = used - cache.used
@@ -329,11 +399,10 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
         keys, values = [], []
         for cache, pad, _ in parts:
             k, v = _slots(cache.layers[index], cache.used)
-            if pad:
-                k = mx.concatenate([k, mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype)], axis=2)
-                v = mx.concatenate([v, mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
-            keys.append(k)
-            values.append(v)
+            # a window layer's buffer starts at its cache's window_base; the joined one at the smaller base
+            before = cache.layers[index].first_slot - layer.first_slot
+            keys.append(_pad_slots(k, before, pad))
+            values.append(_pad_slots(v, before, pad))
         layer.keys, layer.values = mx.concatenate(keys, axis=0), mx.concatenate(values, axis=0)
     joined.state.valid = mx.concatenate([valid for _, _, valid in parts], axis=0)
     if joined.state.positions is not None:
@@ -341,6 +410,11 @@ def join_caches(first: RaggedCache, second: RaggedCache) -> RaggedCache:
             [mx.concatenate([c.state.positions[:, : c.used], mx.zeros((c.rows, pad), mx.int32)], axis=1)
              for c, pad, _ in parts], axis=0)
     joined.state.offset = mx.concatenate([first.state.offset, second.state.offset])
+    # a side whose window layers had dropped more slots has zeros in [joined base, its base): count its real ones
+    base = joined.state.window_base
+    joined.state.window_dropped = np.concatenate(
+        [np.maximum(c.state.window_dropped, np.array(c.state.valid[:, :c.state.window_base].sum(axis=1)))
+         if c.state.window_base > base else c.state.window_dropped for c in (first, second)])
     joined.state.used = used
     joined.state.dense = first.state.dense and second.state.dense and first.used == second.used
     return joined
@@ -373,15 +447,24 @@ def compact(cache: RaggedCache) -> None:
     real = np.array(valid.sum(axis=1))
     keep = int(real.max())
     order = order[:, :keep]
+    base = state.window_base
     for layer in cache.layers:
         if isinstance(layer, LayerState):  # a state has no slots
             continue
         k, v = _slots(layer, state.used)
-        index = order[:, None, :, None]
+        first = layer.first_slot  # a window layer's buffer holds slots from window_base: the older ones are zeros
+        index = mx.maximum(order - first, 0)[:, None, :, None]
         layer.keys = mx.take_along_axis(k, index, axis=2)
         layer.values = mx.take_along_axis(v, index, axis=2)
+        if first:
+            dropped = (order < first)[:, None, :, None]
+            layer.keys, layer.values = mx.where(dropped, 0, layer.keys), mx.where(dropped, 0, layer.values)
+    if base:  # the buffers hold every slot again; the rows' dropped slots are their first real ones
+        state.window_dropped = np.maximum(state.window_dropped, np.array(valid[:, :base].sum(axis=1)))
+        state.window_base = 0
     state.valid = mx.take_along_axis(valid, order, axis=1)
     if state.positions is not None:
         state.positions = mx.take_along_axis(state.positions[:, : state.used], order, axis=1)
     state.used = keep
     state.dense = int(real.min()) == keep
+    cache.trim_windows()

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
-from .memory import GB, MemoryPlan, ModelShape, device_kind, recurrent_layout, slots_for
+from .memory import GB, MemoryPlan, ModelShape, device_kind, recurrent_layout, slots_for, window_layout
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
                   "embed_audio", "visual.")
@@ -86,7 +86,8 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
                     dense += count * activation_bytes
     heads = text["num_attention_heads"]
     recurrent, state_bytes = recurrent_layout(text, activation_bytes)
-    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes,
+    windowed, window = window_layout(text)
+    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=windowed, window=window,
                       kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"], hidden=text["hidden_size"],
                       intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
                       kv_heads=text.get("num_key_value_heads") or heads,
@@ -114,7 +115,7 @@ def plan_facts(shape: ModelShape, budget: int, max_episode_tokens: int, max_repl
     facts = {"device": plan.device, "budget_gb": round(budget / GB, 2),
              "weights_gb": round(shape.weight_bytes / GB, 3),
              "dense_copies_gb": round(shape.dense_copy_bytes / GB, 3),
-             "kv_mb_per_row": round(shape.kv_bytes_per_token * slots / 2**20, 1),
+             "kv_mb_per_row": round(shape.kv_bytes_per_row(slots) / 2**20, 1),
              "rows_per_batch": rows, "groups_per_batch": max(rows // group_size, 0),
              "prefill_tokens_per_forward": plan.prefill_tokens(slots)}
     for checkpointed, suffix in ((False, ""), (True, "_checkpointed")):

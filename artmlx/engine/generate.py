@@ -22,7 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..model.families import check_supported, has_sliding_window
+from ..model.families import check_supported, has_sliding_window, window_layers
 from ..model.parts import model_parts
 from .cache import RaggedCache, make_ragged_cache
 from .memory import MemoryPlan
@@ -42,6 +42,7 @@ class Engine:
     def __init__(self, model, plan: MemoryPlan | None = None, cache_block: int = 256):
         check_supported(model)  # its layers must be ones the ragged cache holds
         self.windowed = has_sliding_window(model)  # its caches then keep slot positions
+        self.window = max(window_layers(model).values(), default=None)  # the widest sliding window
         self.model = model
         self.parts = model_parts(model)
         self.plan = plan

@@ -13,7 +13,9 @@ Sizing rules (all in `MemoryPlan`):
   longest transcript (`max_episode_tokens` + one reply) plus room for padding, plus its decode
   workspace: sampling holds about ten float32 copies of the row's distribution over the vocabulary
   (logits, tempered logits, exponentials, logprobs, uniform and Gumbel noise; 6 MB a row for Qwen).
-  Rows that fit are `KV_SHARE` of what the weights leave.
+  Rows that fit are `KV_SHARE` of what the weights leave. Sliding-window layers hold at most their
+  window plus `WINDOW_SLACK` slots (the ragged cache drops older ones, `engine/cache.py`); recurrent
+  layers hold a state per row instead; Gemma 4's KV-shared layers hold nothing.
 - Rows per batch are the fewer of what fits and `DEVICE_ROWS` for the backend (beyond it decode
   throughput no longer grows: on the H200, 0.5B shape, 2,011 / 4,977 / 5,937 tok/s at 64 / 256 / 512
   rows; on a 2-core CPU, 0.5B shape, 3 / 4 / 4 tok/s at 16 / 32 / 64 rows, and tic-tac-toe with the
@@ -53,7 +55,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..model.backend import dense_weight_count
-from ..model.families import text_args
+from ..model.families import text_args, window_layers
 
 DEFAULT_FRACTION = 0.75
 KV_SHARE = 0.6
@@ -103,6 +105,25 @@ def apply_limits(budget: int) -> None:
     mx.set_cache_limit(budget // 4)
 
 
+WINDOW_SLACK = 3 * 256  # slots a window layer may hold past its window: two cache blocks before a trim, one chunk
+
+
+def window_layout(text: dict) -> tuple[int, int]:
+    """(sliding-window layers that keep a cache, their widest window) from a language model's config:
+    `layer_types` (OLMo 3, GPT-OSS, Gemma 4) or `sliding_window_pattern` (Gemma 3/4: every pattern-th
+    layer is global). A config that names neither is counted as all global (the larger estimate)."""
+    window = text.get("sliding_window") or 0
+    cached = text["num_hidden_layers"] - (text.get("num_kv_shared_layers") or 0)
+    if not window:
+        return 0, 0
+    if text.get("layer_types"):
+        return sum(kind == "sliding_attention" for kind in text["layer_types"][:cached]), window
+    pattern = text.get("sliding_window_pattern")
+    if pattern:
+        return sum((i + 1) % pattern != 0 for i in range(cached)), window
+    return 0, 0
+
+
 def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
     """(recurrent layers, bytes of their state per row) from a language model's config. Gated DeltaNet
     (Qwen3.5, Qwen3-Next) keeps a float32 delta-rule state of value heads x value dim x key dim and a
@@ -138,6 +159,8 @@ class ModelShape:
     recurrent_layers: int = 0  # layers that keep a state per row instead of keys and values
     state_bytes_per_row: int = 0  # those layers' states, one row
     kv_shared_layers: int = 0  # layers that attend over an earlier layer's keys and values (Gemma 4): no cache
+    window_layers: int = 0  # sliding-window layers with a cache: they hold at most `window + WINDOW_SLACK` slots
+    window: int = 0
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
@@ -149,7 +172,9 @@ class ModelShape:
         activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
         recurrent, state_bytes = recurrent_layout({"model_type": getattr(args, "model_type", ""), **vars(args)},
                                                   activation_bytes)
-        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes,
+        windows = window_layers(model)
+        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=len(windows),
+                   window=max(windows.values(), default=0),
                    kv_shared_layers=getattr(args, "num_kv_shared_layers", 0) or 0, layers=args.num_hidden_layers, hidden=args.hidden_size,
                    intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
@@ -162,6 +187,12 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         kv_layers = self.layers - self.recurrent_layers - self.kv_shared_layers
         return kv_layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
+
+    def kv_bytes_per_row(self, slots: int) -> int:
+        """A row's KV cache at `slots` slots: window layers stop growing past their window and slack."""
+        per_layer_slot = 2 * self.kv_heads * self.head_dim * self.activation_bytes
+        bounded = self.window_layers * per_layer_slot * max(slots - self.window - WINDOW_SLACK, 0)
+        return self.kv_bytes_per_token * slots - bounded
 
     def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
         hidden, mlp = PREFILL_DENSE[device]
@@ -192,7 +223,7 @@ class MemoryPlan:
 
     def rows_per_batch(self, slots_per_row: int) -> int:
         """Rows whose KV cache (and decode logits) fit, capped by what the device can use."""
-        per_row = (self.shape.kv_bytes_per_token * slots_per_row + self.shape.state_bytes_per_row
+        per_row = (self.shape.kv_bytes_per_row(slots_per_row) + self.shape.state_bytes_per_row
                    + DECODE_BYTES_PER_VOCAB * self.shape.vocab)
         fit = int(self.free * KV_SHARE // max(per_row, 1))
         return max(1, min(fit, DEVICE_ROWS[self.device]))
@@ -221,7 +252,7 @@ class MemoryPlan:
 
     def describe(self, slots_per_row: int) -> dict:
         return {"budget_gb": round(self.budget / GB, 2), "weights_gb": round(self.shape.weight_bytes / GB, 3),
-                "kv_mb_per_row": round(self.shape.kv_bytes_per_token * slots_per_row / 2**20, 1),
+                "kv_mb_per_row": round(self.shape.kv_bytes_per_row(slots_per_row) / 2**20, 1),
                 "rows_per_batch": self.rows_per_batch(slots_per_row), "device": self.device}
 
 

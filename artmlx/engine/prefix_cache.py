@@ -35,19 +35,30 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 
+class Prefix(list):
+    """A hit: per-layer arrays as `cache.row_kv` gives them, and `window_from`, the first position whose keys
+    the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept)."""
+
+    def __init__(self, layers, window_from: int = 0):
+        super().__init__(layers)
+        self.window_from = window_from
+
+
 @dataclass
 class Entry:
     version: int
     tokens: list[int]
     kv: list[tuple[mx.array, ...]]  # per layer: (heads, n, head_dim) keys and values, or a recurrent state
     nbytes: int
+    window_from: int = 0  # positions below it have zeros in the sliding-window layers (they had been dropped)
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, block: int = 16, whole_entries: bool = False):
+    def __init__(self, max_bytes: int, block: int = 16, whole_entries: bool = False, window: int | None = None):
         self.max_bytes = max_bytes
         self.block = block
         self.whole_entries = whole_entries
+        self.window = window  # the model's sliding window, if it has window layers
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.index: dict[tuple[int, int], int] = {}  # (version, chain hash of the first k blocks) -> entry id
         self.ends: dict[tuple[int, int], dict[int, int]] = {}  # whole entries: (version, length) -> {hash: id}
@@ -63,13 +74,14 @@ class PrefixCache:
             out.append(previous)
         return out
 
-    def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]]) -> None:
-        """Keep `kv` (per layer, for exactly `tokens`) for version `version`; too large for the cache: dropped."""
+    def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]], window_from: int = 0) -> None:
+        """Keep `kv` (per layer, for exactly `tokens`) for version `version`; too large for the cache: dropped.
+        `window_from`: the first position whose keys the sliding-window layers still held."""
         nbytes = sum(a.nbytes for layer in kv for a in layer)
         if len(tokens) < self.block or nbytes > self.max_bytes:
             return
         ident, self._next = self._next, self._next + 1
-        self.entries[ident] = Entry(version, list(tokens), kv, nbytes)
+        self.entries[ident] = Entry(version, list(tokens), kv, nbytes, window_from)
         self.nbytes += nbytes
         if self.whole_entries:
             self.ends.setdefault((version, len(tokens)), {})[hash(tuple(tokens))] = ident
@@ -99,21 +111,27 @@ class PrefixCache:
         n = 0
         while n < limit and entry.tokens[n] == prompt[n]:  # hashes chose it; the ids decide
             n += 1
-        if n == 0:
+        if n == 0 or not self._window_held(entry, n):
             return 0, None
         self.hits += 1
         self.hit_tokens += n
-        return n, [(k[:, :n], v[:, :n]) for k, v in entry.kv]
+        return n, Prefix([(k[:, :n], v[:, :n]) for k, v in entry.kv], entry.window_from)
+
+    def _window_held(self, entry: Entry, n: int) -> bool:
+        """Whether a row resumed at position n finds real keys at every position its window layers see
+        (n - window + 1 onwards)."""
+        return not entry.window_from or n - self.window + 1 >= entry.window_from
 
     def _lookup_whole(self, version: int, prompt: list[int]):
         lengths = sorted((n for v, n in self.ends if v == version and self.block <= n < len(prompt)), reverse=True)
         for n in lengths:
             ident = self.ends[(version, n)].get(hash(tuple(prompt[:n])))
-            if ident is not None and self.entries[ident].tokens == prompt[:n]:  # the hash chose it; the ids decide
+            if (ident is not None and self.entries[ident].tokens == prompt[:n]  # the hash chose it; the ids decide
+                    and self._window_held(self.entries[ident], n)):
                 self.entries.move_to_end(ident)
                 self.hits += 1
                 self.hit_tokens += n
-                return n, self.entries[ident].kv
+                return n, Prefix(self.entries[ident].kv, self.entries[ident].window_from)
         return 0, None
 
     def drop_version(self, version: int) -> None:

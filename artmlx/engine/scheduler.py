@@ -46,7 +46,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.policy import adapter_weights, conform_adapter_weights
-from .cache import RaggedCache, cache_with_prefixes, compact, join_caches, row_kv
+from .cache import RaggedCache, cache_with_prefixes, compact, join_caches, row_kv, window_from
 from .generate import Engine
 from .prefix_cache import PrefixCache
 from .sampling import Options, sample
@@ -88,7 +88,7 @@ class Scheduler:
                  prefix_cache_bytes: int = 0):
         self.engine = engine
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
-        self.prefix = (PrefixCache(prefix_cache_bytes, whole_entries=bool(engine.parts.recurrent))
+        self.prefix = (PrefixCache(prefix_cache_bytes, whole_entries=bool(engine.parts.recurrent), window=engine.window)
                        if prefix_cache_bytes > 0 else None)
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.prompt_tokens = 0  # prompt tokens of every admitted request
@@ -300,11 +300,11 @@ class Scheduler:
 
     def _remember_kv(self, batch: _Batch, rows: list[int]) -> None:
         """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back)."""
-        ended = [(batch.running[row], row_kv(batch.cache, row)) for row in rows
+        ended = [(batch.running[row], row_kv(batch.cache, row), window_from(batch.cache, row)) for row in rows
                  if batch.running[row].finish_reason in ("stop", "length")]
-        mx.eval([kv for _, kv in ended])  # copies: the batch cache's buffers are not kept alive by them
-        for request, kv in ended:
-            self.prefix.insert(batch.version, request.prompt + request.tokens, kv)
+        mx.eval([kv for _, kv, _ in ended])  # copies: the batch cache's buffers are not kept alive by them
+        for request, kv, held_from in ended:
+            self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from)
 
     def _admit(self) -> None:
         with self.lock:

@@ -26,7 +26,8 @@ RECURRENT_FAMILIES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_tex
 """Model types whose recurrent layers (ArraysCache in mlx-lm: Gated DeltaNet, LFM2's short convolutions) the
 engine keeps a per-row state for, and the learner's shared-prefix forward starts from a prefix's state."""
 """Model types whose sliding-window layers (RotatingKVCache in mlx-lm) the engine and learner run with a
-window mask over the full cache (tested against mlx-lm's own forward; memory is not bounded by the window)."""
+window mask over the ragged cache, whose window layers drop the slots no row can see again (tested against
+mlx-lm's own forward on episodes longer than the window)."""
 CACHE_KINDS = {
     "RotatingKVCache": "sliding-window attention",
     "ArraysCache": "recurrent state (Gated DeltaNet, convolution or Mamba layers)",
@@ -65,6 +66,13 @@ def unsupported_layers(model: nn.Module) -> dict[str, list[int]]:
         if kind not in supported:
             layers[kind].append(index)
     return dict(layers)
+
+
+def window_layers(model: nn.Module) -> dict[int, int]:
+    """Layer index -> window size, for the layers mlx-lm gives a RotatingKVCache (sliding-window attention)."""
+    if not hasattr(model, "make_cache"):
+        return {}
+    return {i: c.max_size for i, c in enumerate(model.make_cache()) if type(c).__name__ == "RotatingKVCache"}
 
 
 def has_sliding_window(model: nn.Module) -> bool:

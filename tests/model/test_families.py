@@ -129,7 +129,8 @@ def test_unsupported_recurrent_family_is_refused_at_load_in_every_command(folder
         assert "ArraysCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text",
+                                    "gemma3_text", "olmo3", "gpt_oss"])
 def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     """`train --dry-run` reads config.json and the safetensors headers only; the shape it plans with is
     the one `ModelShape.of` reads from the loaded base (weights, dtype, dense copies included)."""
@@ -142,6 +143,12 @@ def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
         assert ModelShape.of(model).dense_copy_bytes > 0
     if family == "gemma4_text":  # its last 2 of 4 layers reuse earlier layers' keys and values
         assert ModelShape.of(model).kv_shared_layers == 2
+    if family in ("gemma3_text", "olmo3", "gpt_oss", "gemma4_text"):  # one window layer: its KV stops growing
+        shape = ModelShape.of(model)
+        assert (shape.window_layers, shape.window) == (1, 8)
+        assert shape.kv_bytes_per_row(500) == shape.kv_bytes_per_token * 500  # within window + slack (776)
+        per_layer = shape.kv_bytes_per_token // 2  # of the 2 layers with a cache, one is global
+        assert shape.kv_bytes_per_row(100_000) == per_layer * 100_000 + per_layer * (8 + 768)
     if family in ("qwen3_5", "qwen3_next", "lfm2"):  # layer 0 keeps a state, layer 1 keys and values
         shape = ModelShape.of(model)
         assert shape.recurrent_layers == 1 and shape.kv_bytes_per_token == 2 * 2 * 16 * shape.activation_bytes
@@ -296,3 +303,68 @@ def test_estimate_counts_dense_copies_of_two_dimensional_layers_only():
     two_d = sum(d[0] * d[1] * 8 * 4 for t, d in tensors.values()
                 if t == "U32" and len(d) == 2 and d[0] * d[1] * 8 >= (1 << 16))
     assert estimated.dense_copy_bytes == two_d and two_d < 30e9 * 4 * 0.2  # attention and head, not experts
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "gemma4_text"])
+def test_window_layers_hold_only_what_a_row_can_still_see(folders, family):
+    """Bounded window memory (window 8, cache blocks of 4 slots so that trimming starts early): rows of
+    different lengths decode 40 tokens in the engine; the window layers' buffers hold a few blocks past the
+    window while full-attention layers hold every slot, and every row's logits are mlx-lm's own forward's."""
+    from artmlx.engine.cache import LayerKV
+    from artmlx.engine.generate import Engine
+
+    model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 100, n).tolist() for n in (5, 17, 9)]
+    engine = Engine(model, cache_block=4)
+    cache = engine.new_cache(3)
+    logits = engine.prefill(cache, prompts)
+    tokens, logprobs, _ = engine.decode(cache, logits, mx.random.key(1), temperature=1.0, max_tokens=40,
+                                        stop_tokens=[-1])
+    bounded = [layer for layer in cache.layers if isinstance(layer, LayerKV) and layer.bounded]
+    full = [layer for layer in cache.layers if isinstance(layer, LayerKV) and not layer.bounded]
+    assert bounded and full and cache.state.window_base > 0
+    assert bounded[0].keys.shape[2] <= cache.used - cache.state.window_base + 4
+    assert bounded[0].keys.shape[2] < 8 + 3 * 4 < cache.used <= full[0].keys.shape[2]
+    for row, prompt in enumerate(prompts):
+        sequence = prompt + tokens[row].tolist()
+        reference = model(mx.array([sequence[:-1]]))[0, len(prompt) - 1:].astype(mx.float32)
+        expected = np.array(mx.take_along_axis(reference - mx.logsumexp(reference, axis=-1, keepdims=True),
+                                               mx.array(tokens[row])[:, None], axis=-1)[:, 0])
+        np.testing.assert_allclose(logprobs[row], expected, atol=2e-4, rtol=1e-4)
+
+
+def test_window_layers_trim_through_joins_compaction_and_prefix_hits(folders):
+    """The scheduler on Gemma 3 with 4-slot blocks: rows join (caches trimmed to different slots),
+    long rows leave (compaction moves their dropped slots to the front as zeros), and follow-up turns
+    reuse a kept sequence only where its window layers still hold the keys a resumed row attends to.
+    Every greedy sequence is the one it gets alone from mlx-lm's forward."""
+    from artmlx.engine.generate import Engine
+    from artmlx.engine.scheduler import Request, Scheduler
+    from tests.engine.test_scheduler import assert_greedy_and_exact, run
+
+    model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
+    rng = np.random.default_rng(3)
+    prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
+    scheduler = Scheduler(Engine(model, cache_block=4), max_rows=4, prefix_cache_bytes=1 << 24)
+    arrivals = {0: [Request(prompt(5), 30, 0.0), Request(prompt(40), 6, 0.0)],
+                9: [Request(prompt(3), 25, 0.0), Request(prompt(160), 4, 0.0)], 20: [Request(prompt(9), 12, 0.0)]}
+    run(scheduler, arrivals)
+    first = [r for rs in arrivals.values() for r in rs]
+    kept = list(scheduler.prefix.entries.values())
+    assert any(entry.window_from > 0 for entry in kept)  # some sequences were kept after their windows trimmed
+    follow = [Request(r.prompt + r.tokens + prompt(4), 10, 0.0) for r in first]
+    run(scheduler, {0: follow})
+    assert all(entry.window_from <= len(entry.tokens) for entry in kept)
+    assert scheduler.counts["compactions"] >= 1 and scheduler.prefix.stats["prefix_hits"] >= 1
+    # a prompt sharing only the start of a trimmed sequence: the window layers of a row resumed there would
+    # need keys the sequence no longer held, so it is not a hit (prefilled in full instead)
+    trimmed = max(kept, key=lambda entry: entry.window_from)
+    assert trimmed.window_from >= 14
+    hits = scheduler.prefix.stats["prefix_hits"]
+    partial = Request(trimmed.tokens[: trimmed.window_from + 2] + prompt(3), 6, 0.0)
+    run(scheduler, {0: [partial]})
+    assert scheduler.prefix.stats["prefix_hits"] == hits
+    for request in first + follow + [partial]:
+        assert request.finish_reason == "length"
+        assert_greedy_and_exact(model, request)
