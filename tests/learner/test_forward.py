@@ -47,6 +47,24 @@ def _learner_forward(model, episodes, members, **settings):
     return [results[i] for i in range(len(episodes))]
 
 
+def weighted_losses(trainer, batches, episodes, weights):
+    """Sum of weight x logprob over every policy position: through the learner's micro-batches, and through
+    the plain full forward of each episode (same value and gradients when the learner is right)."""
+    def learner_loss(model):
+        total = mx.array(0.0)
+        for batch in batches:
+            logp = trainer.policy_logprobs(batch)
+            for row, index in enumerate(batch.episodes):
+                positions = mx.array(np.flatnonzero(np.array(batch.mask[row]) > 0))
+                total = total + (logp[row][positions] * weights[index]).sum()
+        return total
+
+    def full_loss(model):
+        return sum((lp * w).sum() for lp, w in zip(_full_forward(model, episodes), weights))
+
+    return learner_loss, full_loss
+
+
 @pytest.mark.parametrize("budget", [0, 96])
 def test_shared_prefix_logprobs_equal_full_forward(played, budget):
     """Whole groups per micro-batch, or groups split across several (budget 96 tokens): same logprobs."""
@@ -65,18 +83,7 @@ def test_shared_prefix_gradients_equal_full_forward(played):
     trainer = GRPOTrainer(model, load_config(None, {"max_batch_tokens": 128}))
     batches = trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members)
     assert len(batches) > 1
-
-    def learner_loss(model):
-        total = mx.array(0.0)
-        for batch in batches:
-            logp = trainer.policy_logprobs(batch)
-            for row, index in enumerate(batch.episodes):
-                positions = mx.array(np.flatnonzero(np.array(batch.mask[row]) > 0))
-                total = total + (logp[row][positions] * weights[index]).sum()
-        return total
-
-    def full_loss(model):
-        return sum((lp * w).sum() for lp, w in zip(_full_forward(model, episodes), weights))
+    learner_loss, full_loss = weighted_losses(trainer, batches, episodes, weights)
 
     learner_grads = dict(tree_flatten(nn.value_and_grad(model, learner_loss)(model)[1]))
     full_grads = dict(tree_flatten(nn.value_and_grad(model, full_loss)(model)[1]))

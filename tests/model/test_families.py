@@ -241,7 +241,7 @@ def test_recurrent_prefix_state_gives_the_full_forwards_logprobs_and_gradients(f
     that their episode rows continue from; logprobs and adapter gradients equal each episode run alone."""
     import mlx.nn as nn
 
-    from tests.learner.test_forward import _full_forward, _learner_forward
+    from tests.learner.test_forward import _full_forward, _learner_forward, weighted_losses
 
     model, tokenizer, _ = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
     from mlx.utils import tree_unflatten
@@ -265,18 +265,7 @@ def test_recurrent_prefix_state_gives_the_full_forwards_logprobs_and_gradients(f
     batches = trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members)
     weights = [mx.array(np.random.default_rng(i).standard_normal(len(e)).astype(np.float32))
                for i, e in enumerate(expected)]
-
-    def learner_loss(model):
-        total = mx.array(0.0)
-        for batch in batches:
-            logp = trainer.policy_logprobs(batch)
-            for row, index in enumerate(batch.episodes):
-                positions = mx.array(np.flatnonzero(np.array(batch.mask[row]) > 0))
-                total = total + (logp[row][positions] * weights[index]).sum()
-        return total
-
-    def full_loss(model):
-        return sum((lp * w).sum() for lp, w in zip(_full_forward(model, episodes), weights))
+    learner_loss, full_loss = weighted_losses(trainer, batches, episodes, weights)
 
     model.train(True)  # as the trainer's step: mlx-lm's recurrent layers take their differentiable ops
     learner_grads = dict(tree_flatten(nn.value_and_grad(model, learner_loss)(model)[1]))
