@@ -46,7 +46,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.policy import adapter_weights, conform_adapter_weights
-from .cache import RaggedCache, cache_with_prefixes, compact, join_caches, row_kv, window_from
+from .cache import RaggedCache
+from .cache_rows import cache_with_prefixes, compact, join_caches, row_kv, window_from
 from .generate import Engine
 from .prefix_cache import PrefixCache
 from .sampling import Options, sample

@@ -124,7 +124,7 @@ def _decode_logits(model, cache, sequence, steps, array_masks):
 def test_a_dense_cache_gives_attention_no_mask_array_and_the_same_logits(policy):
     """One sequence (no holes): attention gets None / "causal", as from mlx-lm's KVCache, with the
     logits of the array-masked path exactly; holes (ragged rows, a join) bring the array mask back."""
-    from artmlx.engine.cache import join_caches
+    from artmlx.engine.cache_rows import join_caches
 
     model, _ = policy
     rng = np.random.default_rng(3)
