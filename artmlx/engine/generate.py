@@ -26,6 +26,7 @@ from ..model.families import check_supported, has_sliding_window, window_layers
 from ..model.parts import model_parts
 from .cache import RaggedCache, make_ragged_cache
 from .memory import MemoryPlan
+from .prefix_cache import PrefixCache
 from .sampling import sample
 
 
@@ -50,6 +51,10 @@ class Engine:
 
     def new_cache(self, rows: int) -> RaggedCache:
         return make_ragged_cache(self.model, rows, self.cache_block, self.windowed)
+
+    def new_prefix_cache(self, max_bytes: int) -> PrefixCache:
+        """A prefix cache for this model: whole entries only if it has recurrent layers, its window if any."""
+        return PrefixCache(max_bytes, whole_entries=bool(self.parts.recurrent), window=self.window)
 
     def prefill(self, cache: RaggedCache, sequences: list[list[int]]) -> mx.array:
         """Feed one ragged chunk per row; return each row's logits after its last real token, (rows, V)."""

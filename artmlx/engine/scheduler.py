@@ -49,7 +49,6 @@ from ..model.policy import adapter_weights, conform_adapter_weights
 from .cache import RaggedCache
 from .cache_rows import cache_with_prefixes, compact, join_caches, row_kv, window_from
 from .generate import Engine
-from .prefix_cache import PrefixCache
 from .sampling import Options, sample
 
 BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a request not yet admitted
@@ -89,8 +88,7 @@ class Scheduler:
                  prefix_cache_bytes: int = 0):
         self.engine = engine
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
-        self.prefix = (PrefixCache(prefix_cache_bytes, whole_entries=bool(engine.parts.recurrent), window=engine.window)
-                       if prefix_cache_bytes > 0 else None)
+        self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
         self.prompt_tokens = 0  # prompt tokens of every admitted request
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
