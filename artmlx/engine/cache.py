@@ -37,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.lora_kernel import inference
+from ..model.masks import window_visible
 
 
 class RowState:
@@ -104,10 +105,9 @@ class LayerKV:
             raise RuntimeError("this cache keeps no slot positions: make it with windowed=True")
         used, base = state.used, state.window_base  # the slots a window layer's buffer holds
         query = state.offset[:, None] + mx.arange(N)[None, :]  # (rows, N)
-        old = state.valid[:, None, base:used] & (query[:, :, None] - state.positions[:, None, base:used] < window)
+        old = state.valid[:, None, base:used] & window_visible(query, state.positions[:, base:used], window)
         chunk = mx.arange(N)
-        new = (chunk[:, None] >= chunk[None, :]) & (chunk[:, None] - chunk[None, :] < window)
-        new = mx.broadcast_to(new[None], (state.rows, N, N))
+        new = mx.broadcast_to(window_visible(chunk, chunk, window)[None], (state.rows, N, N))
         return mx.concatenate([old, new], axis=-1)[:, None]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):

@@ -23,6 +23,7 @@ import contextlib
 
 import mlx.core as mx
 
+from ..model.masks import window_visible
 from ..model.parts import ModelParts
 
 
@@ -102,16 +103,15 @@ class PrefixKV:
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         state = self.state
         chunk = mx.arange(N)
-        causal = chunk[:, None] >= chunk[None, :]
-        if window_size is not None:  # a sliding-window layer: keys more than window_size - 1 back are hidden
-            causal = causal & (chunk[:, None] - chunk[None, :] < window_size)
+        # a sliding-window layer hides keys more than window_size - 1 back
+        causal = chunk[:, None] >= chunk[None, :] if window_size is None else window_visible(chunk, chunk, window_size)
         if state.row_prefix is None:  # the prefix rows themselves: plain causal attention
             return "causal" if window_size is None else causal
         rows, width = state.prefix_valid.shape
         old = mx.broadcast_to(state.prefix_valid[:, None, None, :], (rows, 1, N, width))
         if window_size is not None:  # prefix slot p is at position p; row queries continue from the prefix
             query = state.offset[:, None] + chunk[None, :]
-            old = old & (query[:, None, :, None] - mx.arange(width)[None, None, None, :] < window_size)
+            old = old & window_visible(query, mx.arange(width)[None, :], window_size)[:, None]
         return mx.concatenate([old, mx.broadcast_to(causal[None, None], (rows, 1, N, N))], axis=-1)
 
     def checkpoint_state(self):
