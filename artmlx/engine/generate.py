@@ -22,9 +22,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..model.families import check_supported, has_sliding_window, window_layers
+from ..model.families import check_supported, window_layers
 from ..model.parts import model_parts
-from .cache import RaggedCache, make_ragged_cache
+from .cache import RaggedCache
 from .memory import MemoryPlan
 from .prefix_cache import PrefixCache
 from .sampling import sample
@@ -42,15 +42,18 @@ class Engine:
 
     def __init__(self, model, plan: MemoryPlan | None = None, cache_block: int = 256):
         check_supported(model)  # its layers must be ones the ragged cache holds
-        self.windowed = has_sliding_window(model)  # its caches then keep slot positions
-        self.window = max(window_layers(model).values(), default=None)  # the widest sliding window
+        self.windows = window_layers(model)  # sliding-window layers: their caches keep slot positions
+        self.windowed = bool(self.windows)
+        self.window = max(self.windows.values(), default=None)  # the widest sliding window
         self.model = model
         self.parts = model_parts(model)
         self.plan = plan
         self.cache_block = cache_block
 
     def new_cache(self, rows: int) -> RaggedCache:
-        return make_ragged_cache(self.model, rows, self.cache_block, self.windowed)
+        # the model's layout, read once at construction (every admission makes a cache)
+        return RaggedCache(self.parts.cache_layers, rows, self.cache_block, self.windowed, self.parts.recurrent,
+                           self.windows)
 
     def new_prefix_cache(self, max_bytes: int) -> PrefixCache:
         """A prefix cache for this model: whole entries only if it has recurrent layers, its window if any."""

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
 from .flow import RequestRate, Windows, counted_as, group_rate, record_arrival
+from .ledger import balance
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import LearnerSocket, Undelivered
@@ -331,21 +332,10 @@ class LearnerHub:
                 "counts": dict(self.counts), "actors": actors, **self.extra_status}
 
     def ledger(self) -> dict:
-        """Where every group the actors sent ended up.
-
-        sent (distinct groups; resends are counted apart) = trained + stale + rejected + in_flight, where
-        in_flight is what the actors still held unacknowledged; each group settles once (later copies
-        are duplicates). Actor numbers come from their last heartbeat (exact for actors that left on
-        shutdown, which first reconcile lost acks; up to a heartbeat old for ones that were killed), so
-        `unaccounted` is 0 in a clean run, on lossy links too, and otherwise counts groups lost with a
-        killed process.
-        Counts restart with a learner process, so after `--resume` the ledger covers this process only.
-        """
+        """Where every group the actors sent ended up (`ledger.balance` says how it is reckoned)."""
         sent, in_flight, resent = (int(self.departed_totals.get(key, 0) + sum(self._reported(key)))
                                    for key in ("groups_sent", "groups_unacked", "groups_resent"))
-        settled = sum(self.counts[k] for k in ("trained", "stale", "rejected"))
-        return {"groups_sent": sent, "groups_resent": resent, "groups_in_flight": in_flight,
-                "groups_unaccounted": sent - settled - in_flight}
+        return balance(sent, resent, in_flight, self.counts)
 
     def actor_totals(self, keys) -> dict:
         """Each of `keys` summed over every actor's last stats, live or departed (only those that report it)."""
