@@ -17,9 +17,10 @@ How the folder is made:
   token limit (an end-of-turn token is 1 in ~150,000) and lengths are set by the workload.
 - The tokenizer is byte-level BPE of the real vocabulary size: the 256 byte symbols, then words
   " a".." zz".." zzz" and four-letter words built by merges until the regular vocabulary is full, then
-  the family's special tokens (Qwen's ChatML ones, Llama 3's header and end-of-turn ones) at their
-  real ids. A space followed by a lowercase three-letter word is exactly one token, which is how the
-  synthetic environment sets prompt lengths in tokens.
+  the family's special tokens (Qwen's ChatML ones, Llama 3's header and end-of-turn ones, GPT-OSS's
+  harmony ones) at their real ids; Gemma's come first, from id 0, as in its vocabulary. A space followed
+  by a lowercase three-letter word is exactly one token, which is how the synthetic environment sets
+  prompt lengths in tokens. GPT-OSS's template is harmony's final channel only (no reasoning, no tools).
 """
 
 from __future__ import annotations
@@ -66,9 +67,38 @@ LLAMA3_TEMPLATE = (
 )
 
 
+GEMMA_SPECIALS = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[@BOS@]"] + [f"<unused{i}>" for i in range(99)]
+                  + ["<start_of_turn>", "<end_of_turn>"])
+# Gemma's template folds a system message into the first user turn and calls the assistant "model"
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\n\n' %}"
+    "{% set turns = messages[1:] %}{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for message in turns %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ (prefix if loop.first else '') + message['content'] }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+# GPT-OSS's o200k_harmony specials from id 199,998 (the reserved ids between them included)
+HARMONY_NAMES = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>", 200003: "<|constrain|>",
+                 200005: "<|channel|>", 200006: "<|start|>", 200007: "<|end|>", 200008: "<|message|>",
+                 200012: "<|call|>", 200018: "<|endofprompt|>"}
+HARMONY_SPECIALS = [HARMONY_NAMES.get(i, f"<|reserved_{i}|>") for i in range(199998, 200019)]
+# the harmony format's final channel only (no analysis channel, no tools): what a reply without reasoning renders as
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|start|>{{ message['role'] }}{% if message['role'] == 'assistant' %}<|channel|>final{% endif %}"
+    "<|message|>{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant<|channel|>final<|message|>{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class Family:
-    """Tokenizer conventions of a model family."""
+    """Tokenizer conventions of a model family: its specials follow the regular tokens (Qwen, Llama,
+    GPT-OSS) or, with `specials_first`, come before them from id 0 (Gemma)."""
 
     regular_tokens: int
     specials: list = field(hash=False)
@@ -76,6 +106,11 @@ class Family:
     eos: tuple[str, ...] = ()
     bos: str | None = None
     pad: str | None = None
+    specials_first: bool = False
+
+    def special_ids(self) -> dict[str, int]:
+        base = 0 if self.specials_first else self.regular_tokens
+        return {name: base + i for i, name in enumerate(self.specials)}
 
 
 QWEN2 = Family(151643, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), None, "<|endoftext|>")
@@ -84,6 +119,11 @@ QWEN2 = Family(151643, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext
 QWEN35 = Family(248044, QWEN_SPECIALS, QWEN_TEMPLATE, ("<|im_end|>", "<|endoftext|>"), None, "<|endoftext|>")
 LLAMA3 = Family(128000, LLAMA3_SPECIALS, LLAMA3_TEMPLATE, ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
                 "<|begin_of_text|>", "<|finetune_right_pad_id|>")
+# Gemma 3's 262,144-token vocabulary: <pad> 0, <eos> 1, <bos> 2, <start_of_turn> 105, <end_of_turn> 106
+GEMMA3 = Family(262144 - len(GEMMA_SPECIALS), GEMMA_SPECIALS, GEMMA_TEMPLATE, ("<end_of_turn>", "<eos>"), "<bos>",
+                "<pad>", specials_first=True)
+HARMONY = Family(199998, HARMONY_SPECIALS, HARMONY_TEMPLATE, ("<|return|>", "<|endoftext|>", "<|call|>"),
+                 "<|startoftext|>", "<|endoftext|>")
 
 _QWEN_COMMON = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rms_norm_eps": 1e-6,
                 "rope_theta": 1000000.0, "max_position_embeddings": 32768, "hidden_act": "silu"}
@@ -140,6 +180,48 @@ ARCHITECTURES: dict[str, tuple[Family, dict]] = {
                                   "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
                                                       "rope_type": "default", "rope_theta": 10000000,
                                                       "partial_rotary_factor": 0.25}}}),
+    "qwen3.5-9b": (QWEN35, {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                            "tie_word_embeddings": False, "text_config": {
+                                "model_type": "qwen3_5_text", "hidden_size": 4096, "intermediate_size": 12288,
+                                "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+                                "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 248320,
+                                "max_position_embeddings": 262144, "tie_word_embeddings": False,
+                                "attn_output_gate": True, "full_attention_interval": 4,
+                                "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                                "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                                                    "rope_type": "default", "rope_theta": 10000000,
+                                                    "partial_rotary_factor": 0.25}}}),
+    # sliding window: 5 of every 6 layers attend over the last 512 (1b) or 1,024 (4b) tokens; the 4b is a
+    # multimodal wrapper (its vision tower is not synthesised)
+    "gemma-3-1b": (GEMMA3, {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152,
+                            "num_hidden_layers": 26, "intermediate_size": 6912, "num_attention_heads": 4,
+                            "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+                            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                            "sliding_window": 512, "sliding_window_pattern": 6, "max_position_embeddings": 32768,
+                            "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh",
+                            "tie_word_embeddings": True}),
+    "gemma-3-4b": (GEMMA3, {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                            "vocab_size": 262208, "text_config": {
+                                "model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 34,
+                                "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                "head_dim": 256, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+                                "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                                "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+                                "sliding_window_pattern": 6, "max_position_embeddings": 131072,
+                                "vocab_size": 262208, "tie_word_embeddings": True}}),
+    # mixture of experts (32 experts, 4 per token: 3.6B active of 20.9B), sliding window of 128 in every
+    # other layer, attention sinks
+    "gpt-oss-20b": (HARMONY, {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "hidden_size": 2880,
+                              "num_hidden_layers": 24, "intermediate_size": 2880, "num_local_experts": 32,
+                              "num_experts_per_tok": 4, "experts_per_token": 4, "num_attention_heads": 64,
+                              "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
+                              "layer_types": ["sliding_attention", "full_attention"] * 12, "rms_norm_eps": 1e-5,
+                              "rope_theta": 150000, "rope_scaling": {
+                                  "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                  "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+                              "max_position_embeddings": 131072, "swiglu_limit": 7.0, "attention_bias": True,
+                              "vocab_size": 201088, "tie_word_embeddings": False}),
     "llama-3.2-1b": (LLAMA3, {**_LLAMA_COMMON, "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
                               "vocab_size": 128256, "tie_word_embeddings": True}),
@@ -181,7 +263,10 @@ def build_tokenizer(family: Family):
     from transformers import PreTrainedTokenizerFast
 
     words = _word_tokens(family.regular_tokens)
-    vocab = {token: index for index, (token, _) in enumerate(words)}
+    first = len(family.specials) if family.specials_first else 0
+    vocab = {token: first + index for index, (token, _) in enumerate(words)}
+    if family.specials_first:  # in the model's vocabulary at their ids; added below as special (never split)
+        vocab.update(family.special_ids())
     merges = [merge for _, merge in words if merge is not None]
     core = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -197,7 +282,7 @@ def build_tokenizer(family: Family):
 
 def model_config(family: Family, shape: dict, arch: str) -> dict:
     tokenizer_size = family.regular_tokens + len(family.specials)
-    specials = {name: family.regular_tokens + i for i, name in enumerate(family.specials)}
+    specials = family.special_ids()
     eos = [specials[name] for name in family.eos]
     vocab_size = (shape.get("text_config") or shape)["vocab_size"]  # a multimodal wrapper nests it
     config = {**shape, "torch_dtype": "bfloat16",
@@ -221,8 +306,12 @@ def parameter_layout(config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     model = model_class(args_class.from_dict(config))
     q = config["quantization"]
     nn.quantize(model, group_size=q["group_size"], bits=q["bits"])
+    # Gemma 3's class always makes a head and ties it only when the checkpoint has none (as published)
+    text = config.get("text_config") or config
+    tied = text.get("model_type") == "gemma3_text" and text.get("tie_word_embeddings", True)
     return {name: (tuple(value.shape), str(value.dtype).removeprefix("mlx.core."))
-            for name, value in tree_flatten(model.parameters())}
+            for name, value in tree_flatten(model.parameters())
+            if not (tied and name.startswith(("lm_head.", "language_model.lm_head.")))}
 
 
 def random_tensors(layout: dict, seed: int = 0):
