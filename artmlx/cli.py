@@ -13,7 +13,7 @@ import click
 
 def _fail(error: Exception) -> None:
     """Exit with the error's message: status 2 when the run's agent code or scenarios cannot be loaded."""
-    from .launch import EXIT_UNUSABLE
+    from .apps.launch import EXIT_UNUSABLE
     from .rollout.agent_code import RolloutLoadError
 
     failure = click.ClickException(str(error))
@@ -103,7 +103,7 @@ def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, se
             raise SystemExit(0 if facts["fits"] else 1)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
-        from .train import train as run_training
+        from .apps.train import train as run_training
 
         run_dir = run_training(config, resume=resume)
     except (ValueError, FileNotFoundError) as error:
@@ -130,7 +130,7 @@ def actor_main() -> None:
 def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed,
             out, resume, settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
-    from .launch import watch_parent
+    from .apps.launch import watch_parent
 
     watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
     try:
@@ -139,7 +139,7 @@ def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scena
         config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
-        from .learner.service import LearnerService
+        from .apps.learner import LearnerService
 
         run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume,
                                  live=False if plain else None).run()
@@ -158,13 +158,13 @@ def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scena
 @click.option("--host-label", default="", help="Host name the learner shows and sums by (default: the machine's).")
 def actor(connect, name, keys, actor_key, memory_budget_gb, host_label):
     """An actor process: samples groups with the learner's current adapter and streams them to it."""
-    from .launch import EXIT_ROLLOUTS_FAILING, watch_parent
+    from .apps.launch import EXIT_ROLLOUTS_FAILING, watch_parent
     from .protocol.client import ActorRefused
 
     watch_parent()
 
     try:
-        from .actor.service import ActorService
+        from .apps.actor import ActorService
         from .rollout.agents import RolloutsFailing
 
         if memory_budget_gb < 0:
@@ -200,7 +200,7 @@ def run(actors, plain, actor_devices, learner_device, config_file, model, env, r
         config = _load_train_config(config_file, fields, settings, resume)
         if resume and not config.out:
             raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
-        from .launch import default_actor_count, run_pipeline
+        from .apps.launch import default_actor_count, run_pipeline
         from .rollout.agent_code import check_agent
 
         if actors is not None and actors < 1:
@@ -239,7 +239,7 @@ def show_config():
 def eval_command(adapters, model, env, env_args, episodes, temperature, seed, as_json):
     """Evaluate adapters on held-out seeds; prints the score with a 95% confidence interval."""
     try:
-        from .evaluate_cli import run_eval
+        from .apps.evaluate import run_eval
 
         result = run_eval(adapters, model, env, env_args, episodes, temperature, seed)
     except (ValueError, FileNotFoundError) as error:

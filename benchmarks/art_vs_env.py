@@ -29,7 +29,8 @@ import art  # noqa: E402
 from artmlx.art import MLXBackend  # noqa: E402
 from artmlx.config import TrainConfig  # noqa: E402
 from artmlx.envs.base import make_env, outcomes_of  # noqa: E402
-from artmlx.evaluate import evaluate, train_seeds  # noqa: E402
+from artmlx.rollout.evaluation import evaluate  # noqa: E402
+from artmlx.seeds import train_seeds  # noqa: E402
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams  # noqa: E402
 from examples.tictactoe_rollout import art_rollout  # noqa: E402
 

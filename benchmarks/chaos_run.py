@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from artmlx.launch import free_port  # noqa: E402
+from artmlx.netutil import free_port  # noqa: E402
 from artmlx.metrics import read_metrics  # noqa: E402
 from tests.test_chaos import Chaos  # noqa: E402
 

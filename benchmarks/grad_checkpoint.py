@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from artmlx.bench.learner import make_groups  # noqa: E402
 from artmlx.config import load_config  # noqa: E402
 from artmlx.engine.memory import GB, ModelShape  # noqa: E402
+from artmlx.learner.settings import trainer_settings  # noqa: E402
 from artmlx.learner.trainer import GRPOTrainer  # noqa: E402
 from artmlx.model.backend import prefer_mlx_attention  # noqa: E402
 from artmlx.model.families import vocab_size  # noqa: E402
@@ -48,7 +49,7 @@ def measure(model_path: str, setting: str, args) -> dict:
     for group in groups:
         for index, episode in enumerate(group.episodes):
             episode.reward = float(index % 2)
-    trainer = GRPOTrainer(model, load_config(None, {"grad_checkpoint": setting, "max_batch_tokens": 1 << 20}))
+    trainer = GRPOTrainer(model, trainer_settings({"grad_checkpoint": setting, "max_batch_tokens": 1 << 20}))
     trainer.train_step(groups)  # warm-up
     mx.synchronize()
     mx.reset_peak_memory()

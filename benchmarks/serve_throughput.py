@@ -25,7 +25,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from artmlx.launch import free_port  # noqa: E402
+from artmlx.netutil import free_port  # noqa: E402
 from artmlx.model.tiny import resolve_model  # noqa: E402
 from artmlx.serve import run_server  # noqa: E402
 from artmlx.serve.model_server import ModelServer, ServeConfig  # noqa: E402

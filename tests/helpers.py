@@ -20,10 +20,10 @@ def tiny_policy(rank: int = 8, perturb: float = 0.0, seed: int = 0):
 
 def learner_logprobs(model, groups, temperature: float, **settings):
     """The learner's recomputed logprobs and the sampler's at every policy token of `groups` (numpy)."""
-    from artmlx.config import load_config
+    from artmlx.learner.settings import trainer_settings
     from artmlx.learner.trainer import GRPOTrainer
 
-    return GRPOTrainer(model, load_config(None, {"temperature": temperature, **settings})).recompute(groups)
+    return GRPOTrainer(model, trainer_settings({"temperature": temperature, **settings})).recompute(groups)
 
 
 TINY_DIMS = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
@@ -33,6 +33,10 @@ TINY_DIMS = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128
 
 FAMILY_CONFIGS = {
     "qwen3": {"model_type": "qwen3", **TINY_DIMS, "rope_theta": 10000.0},
+    # mixture of experts (Qwen3-30B-A3B's family): 4-bit experts (SwitchGLU) in every layer
+    "qwen3_moe": {"model_type": "qwen3_moe", **TINY_DIMS, "rope_theta": 10000.0, "num_experts": 4,
+                  "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "moe_intermediate_size": 64, "norm_topk_prob": True},
     # Ministral 3 as published: a multimodal wrapper whose config nests the language model
     "mistral3": {"model_type": "mistral3", "text_config": {
         "model_type": "ministral3", **TINY_DIMS, "rope_parameters": {
@@ -61,6 +65,15 @@ FAMILY_CONFIGS = {
                     "num_kv_shared_layers": 2, "sliding_window": 8, "sliding_window_pattern": 2,
                     "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": 128,
                     "final_logit_softcapping": 30.0, "use_double_wide_mlp": True},
+    # Gemma 3 and Gemma 4 as published (4B and up): multimodal wrappers whose config nests the text model; the
+    # wrapper's vocabulary size is the one that counts
+    "gemma3": {"model_type": "gemma3", "vocab_size": 128, "text_config": {
+        "model_type": "gemma3_text", **TINY_DIMS, "sliding_window": 8, "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16}},
+    "gemma4": {"model_type": "gemma4", "vocab_size": 128, "text_config": {
+        "model_type": "gemma4_text", **TINY_DIMS, "num_hidden_layers": 4, "global_head_dim": 32,
+        "num_kv_shared_layers": 2, "sliding_window": 8, "sliding_window_pattern": 2,
+        "hidden_size_per_layer_input": 64, "vocab_size_per_layer_input": 128, "final_logit_softcapping": 30.0}},
     # a pure state-space model: its layers ignore padding masks, so it is refused by name
     "mamba": {"model_type": "mamba", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
               "state_size": 16, "num_hidden_layers": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,

@@ -4,7 +4,7 @@ import pytest
 
 from artmlx.config import load_config
 from artmlx.metrics import read_metrics
-from artmlx.train import train
+from artmlx.apps.train import train
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.metrics import read_metrics
 
 SMALL = ["--set", "groups_per_step=4", "--set", "group_size=4", "--set", "actor_groups_per_batch=2",
@@ -213,7 +213,7 @@ def test_a_crashing_learner_says_so_in_its_final_row(tmp_path):
 
 PATIENT_ACTOR = """
 import sys
-from artmlx.actor.service import ActorService
+from artmlx.apps.actor import ActorService
 service = ActorService(sys.argv[1], "patient")
 service.patience_s = 1.0
 service.run()

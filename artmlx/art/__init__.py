@@ -1,12 +1,12 @@
 """ART on MLX: `MLXBackend` (OpenPipe ART's Backend protocol) and token-exact trajectory conversion.
 
 Needs the optional extra `artmlx[art]` (the real `openpipe-art` package) only for `MLXBackend.train`'s
-return type and for ART's own classes in user code; `tokens.py` works on any object of ART's shape.
+return type and for ART's own classes in user code; `rollout/choices.py` works on any object of ART's shape.
 """
 
 from . import compat
 from .backend import MLXBackend
-from .tokens import TrajectoryRefused, trajectory_episode
+from ..rollout.choices import TrajectoryRefused, trajectory_episode
 
 compat.install()  # ART's PipelineTrainer imports art.local.backend, which needs torch only on NVIDIA
 

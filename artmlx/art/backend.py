@@ -18,7 +18,7 @@ groups, ...)` and ART's `PipelineTrainer` stay as they are (openpipe-art 0.5.18 
 - `exact_adapter_lease(model, step)` (and `adapter_lease`) serve exactly that step's adapter while
   held, loaded from its checkpoint if it is no longer in memory, and pin `model.get_inference_name()`
   to it, as ART's LocalBackend does; `adapter_retention_lease` keeps it without pinning.
-- `train(model, groups, ...)` turns each trajectory into one token-exact episode (`tokens.py`; a
+- `train(model, groups, ...)` turns each trajectory into one token-exact episode (`rollout/choices.py`; a
   trajectory that cannot be one is left out and its reason counted in `trajectories_refused`), runs
   one GRPO update (`learner/trainer.py`) on the server's own model between decode steps (one copy of
   the weights; generation pauses meanwhile), swaps the new adapter in (requests in flight finish on
@@ -49,6 +49,7 @@ from ..config import TrainConfig, load_config
 from ..learner.checkpoint import (ART_LAYOUT, checkpoint_dir, checkpoint_step, latest_checkpoint, list_checkpoints,
                                   load_checkpoint, save_checkpoint)
 from ..learner.grpo import LossSettings
+from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from ..model.families import vocab_size
 from ..model.policy import ADAPTER_WEIGHTS, LoraSpec
@@ -57,7 +58,7 @@ from ..serve import run_server
 from ..serve.model_server import ModelServer, ServeConfig
 from ..trajectory import Group
 from .arguments import internal_settings, lora_spec, server_settings, train_settings
-from .tokens import TrajectoryRefused, trajectory_episode
+from ..rollout.choices import TrajectoryRefused, trajectory_episode
 
 # Steps pinned by leases in this task (model name -> step): what get_inference_name() returns inside one.
 _pinned: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("artmlx_pinned_steps", default={})
@@ -253,7 +254,8 @@ class MLXBackend:
         self.server = ModelServer(serve, train_config=self.config)
         atexit.register(self._close)  # after the server's own: runs first, so HTTP stops before the engine
         self.model_name = model.name
-        self.trainer = self.server.call(lambda: GRPOTrainer(self.server.model, self.config)).result()
+        settings = TrainerSettings.of(self.config)
+        self.trainer = self.server.call(lambda: GRPOTrainer(self.server.model, settings)).result()
         checkpoint = latest_checkpoint(self._model_dir(model), ART_LAYOUT)
         if checkpoint is not None:
             self.server.call(lambda: self._restore(checkpoint)).result()
@@ -308,8 +310,9 @@ class MLXBackend:
     def _train_step(self, model, groups: list[Group], settings: dict) -> tuple[dict, str | None]:
         """On the scheduler's thread: one GRPO update of the served model, then the new adapter swaps in."""
         trainer = self.trainer
-        trainer.config = replace(self.config, objective=settings["objective"], eps_low=settings["eps_low"],
-                                 eps_high=settings["eps_high"], scale_advantages=settings["scale_advantages"],
+        trainer.config = replace(TrainerSettings.of(self.config), objective=settings["objective"],
+                                 eps_low=settings["eps_low"], eps_high=settings["eps_high"],
+                                 scale_advantages=settings["scale_advantages"],
                                  kl_coef=settings["kl_coef"], learning_rate=settings["learning_rate"])
         trainer.settings = LossSettings(settings["objective"], settings["eps_low"], settings["eps_high"],
                                         settings["kl_coef"])

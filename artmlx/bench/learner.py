@@ -22,12 +22,12 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
-from ..config import load_config
-from ..engine.memory import GB, apply_limits, plan_for, resolve_budget
+from ..engine.loading import open_policy
+from ..engine.memory import GB
+from ..learner.settings import trainer_settings
 from ..learner.trainer import GRPOTrainer
-from ..model.backend import prefer_mlx_attention
 from ..model.families import vocab_size
-from ..model.policy import LoraSpec, load_policy
+from ..model.policy import LoraSpec
 from ..trajectory import Episode, Group
 
 
@@ -88,16 +88,12 @@ class MlxLmStep:
 
 def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, batch_tokens: int = 0,
         budget_gb: float = 0.0, rank: int = 16, echo=print) -> dict:
-    prefer_mlx_attention()
-    budget = resolve_budget(budget_gb)
-    apply_limits(budget)
-    mx.random.seed(0)
-    model, _, trainable = load_policy(model_path, LoraSpec(rank=rank))
-    plan = plan_for(model, budget)
+    opened = open_policy(model_path, LoraSpec(rank=rank), budget_gb, training=True, seed=0)
+    model, trainable, plan, budget = opened.model, opened.trainable, opened.plan, opened.budget
     data = make_groups(groups, group_size, prompt, reply, vocab_size(model))
     sequences = [e.tokens for g in data for e in g.episodes]
     tokens = sum(map(len, sequences))
-    probe = GRPOTrainer(model, load_config(None, {"max_batch_tokens": batch_tokens}), plan)
+    probe = GRPOTrainer(model, trainer_settings({"max_batch_tokens": batch_tokens}), plan)
     budget_tokens = probe.batch_tokens([e for g in data for e in g.episodes])
     rows_per_batch = max(1, budget_tokens // (prompt + reply))
     echo(f"model {model_path}: {groups} x {group_size} episodes of {prompt} + {reply} tokens ({tokens:,} tokens), "
@@ -107,7 +103,7 @@ def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, 
                "tokens_per_step": tokens, "batch_tokens": budget_tokens, "lora_rank": rank,
                "trainable_parameters": trainable, "budget_gb": budget / GB, "runs": []}
     for compiled in (False, True):
-        trainer = GRPOTrainer(model, load_config(None, {"max_batch_tokens": budget_tokens, "compile_step": compiled,
+        trainer = GRPOTrainer(model, trainer_settings({"max_batch_tokens": budget_tokens, "compile_step": compiled,
                                                         "learning_rate": 1e-5, "groups_per_step": groups,
                                                         "group_size": group_size}), plan)
         mlx_lm_step = MlxLmStep(model, compiled)

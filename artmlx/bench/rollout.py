@@ -26,11 +26,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..chat import ChatFormat
-from ..config import load_config
-from ..engine.memory import GB, apply_limits, plan_for, resolve_budget
+from ..engine.loading import open_policy
+from ..engine.memory import GB
 from ..envs.base import make_env
+from ..learner.settings import trainer_settings
 from ..learner.trainer import GRPOTrainer
-from ..model.policy import LoraSpec, load_policy
+from ..model.policy import LoraSpec
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 
 
@@ -45,9 +46,9 @@ def _timed(fn):
 
 
 class RolloutBench:
-    def __init__(self, model_path: str, prompt: int, reply: int, budget: int):
-        self.model, self.tokenizer, _ = load_policy(model_path, LoraSpec())
-        self.plan = plan_for(self.model, budget)
+    def __init__(self, model_path: str, prompt: int, reply: int, budget_gb: float = 0.0):
+        opened = open_policy(model_path, LoraSpec(), budget_gb)
+        self.model, self.tokenizer, self.plan, self.budget = opened.model, opened.tokenizer, opened.plan, opened.budget
         self.prompt, self.reply = prompt, reply
         self.chat = ChatFormat(self.tokenizer)
         env_args = {"prompt_tokens": prompt, "turns": 1}
@@ -133,7 +134,7 @@ class RolloutBench:
                 "max_abs_logit_diff": float(mx.abs(before.astype(mx.float32) - after.astype(mx.float32)).max())}
 
     def agreement(self, groups) -> dict:
-        trainer = GRPOTrainer(self.model, load_config(None, {"temperature": 1.0}), self.plan)
+        trainer = GRPOTrainer(self.model, trainer_settings({"temperature": 1.0}), self.plan)
         learner, behaviour = trainer.recompute(groups)
         diff = learner - behaviour
         return {"policy_tokens": int(diff.size), "ratio_mean": float(np.exp(diff).mean()),
@@ -152,9 +153,8 @@ class RolloutBench:
 
 def run(model_path: str, group_sizes: list[int], prompt: int, reply: int, rows: int = 0, sequential: int = 2,
         prefill_rows: int = 0, sweep: list[int] | None = None, budget_gb: float = 0.0, echo=print) -> dict:
-    budget = resolve_budget(budget_gb)
-    apply_limits(budget)
-    bench = RolloutBench(model_path, prompt, reply, budget)
+    bench = RolloutBench(model_path, prompt, reply, budget_gb)
+    budget = bench.budget
     natural_rows = bench.rollouts().max_rows
     rows = rows or natural_rows
     echo(f"model {model_path}: prompt {prompt}, reply {reply} tokens; memory budget {budget / GB:.1f} GB, "

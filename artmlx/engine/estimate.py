@@ -15,7 +15,9 @@ import struct
 from pathlib import Path
 
 from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
-from .memory import GB, MemoryPlan, ModelShape, device_kind, recurrent_layout, slots_for, window_layout
+from ..model.parts import SPLIT_MODEL_TYPES
+from .memory import (GB, MemoryPlan, ModelShape, device_kind, global_attention, recurrent_layout, slots_for,
+                     window_layout)
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
                   "embed_audio", "visual.")
@@ -87,8 +89,12 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
     heads = text["num_attention_heads"]
     recurrent, state_bytes = recurrent_layout(text, activation_bytes)
     windowed, window = window_layout(text)
-    return ModelShape(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=windowed, window=window,
-                      kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"], hidden=text["hidden_size"],
+    global_kv_heads, global_head_dim = global_attention(text)
+    return ModelShape(chunked_head=text.get("model_type") in SPLIT_MODEL_TYPES, recurrent_layers=recurrent,
+                      state_bytes_per_row=state_bytes, window_layers=windowed, window=window,
+                      global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
+                      kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"],
+                      hidden=text["hidden_size"],
                       intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
                       kv_heads=text.get("num_key_value_heads") or heads,
                       head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
@@ -120,7 +126,7 @@ def plan_facts(shape: ModelShape, budget: int, max_episode_tokens: int, max_repl
              "prefill_tokens_per_forward": plan.prefill_tokens(slots)}
     for checkpointed, suffix in ((False, ""), (True, "_checkpointed")):
         per_token = shape.train_bytes_per_token(length, device=plan.device, checkpointed=checkpointed)
-        needed = shape.weight_bytes + shape.dense_copy_bytes + per_token * length
+        needed = shape.weight_bytes + shape.dense_copy_bytes + shape.head_workspace_bytes + per_token * length
         tokens = plan.train_tokens(length, checkpointed=checkpointed)
         facts.update({f"train_mb_per_token{suffix}": round(per_token / 2**20, 2),
                       f"train_tokens_per_micro_batch{suffix}": tokens,

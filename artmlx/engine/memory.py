@@ -29,8 +29,14 @@ Sizing rules (all in `MemoryPlan`):
   bfloat16, all 24 layers' worth; 0.55 MB on the CPU in float32, where work runs op by op).
 - Learner micro-batches: as many padded tokens as `TRAIN_SHARE` of the free memory holds at
   `train_bytes_per_token`: every layer's saved activations and attention probabilities for the
-  backward pass, plus, for the share of tokens the policy sampled, `HEAD_BYTES_PER_VOCAB` bytes per
-  vocabulary entry (the float32 logits, their exponentials and gradient: 2.4 MB a token for Qwen).
+  backward pass. The vocabulary projection runs a chunk of `head_chunk_rows` policy tokens at a time
+  (`learner/head.py`) and takes `HEAD_BYTES_PER_CHUNK_ENTRY` per chunk entry whatever the batch
+  (1.5 GB for Qwen's vocabulary) and `HEAD_CHUNKED_BYTES_PER_VOCAB` per policy token and entry
+  (measured on the CPU, V = 151,936, `benchmarks/head_memory.py`: peak 1.16 / 1.37 GB at 1,024 /
+  2,048 policy tokens against 1.74 / 3.48 GB unchunked). Model families whose head is not split off
+  (`model/parts.py`) make logits everywhere and pay `HEAD_BYTES_PER_VOCAB` bytes per vocabulary entry
+  for the share of tokens the policy sampled (the float32 logits, their exponentials and gradient:
+  2.4 MB a token for Qwen).
   No KV cache is alive during a training step, so on the GPU the step may use most of the budget:
   measured on the H200 (0.5B shape, bfloat16, MLX's own attention), peak 11.8 / 34.9 GB at 2,048 /
   8,192-token micro-batches of 512-token sequences and 11.1 / 35.6 GB at 1,024 tokens: 3.8-4.0 MB a
@@ -38,7 +44,7 @@ Sizing rules (all in `MemoryPlan`):
   the rule said 5.4 / 8.1 MB and a 32 GB budget gave micro-batches of one sequence.) The dense
   copies of 4-bit layers that dequantize per product (`model/backend.py`) all stay alive until the
   backward pass has used them: 1 GB for the 0.5B shape, 15 GB for 7B, taken off the budget first.
-Whatever the budget, a micro-batch's policy tokens x vocabulary stays below `MAX_ARRAY_ELEMENTS`:
+Whatever the budget, a micro-batch's policy tokens x vocabulary (unsplit families) stays below `MAX_ARRAY_ELEMENTS`:
 on the H200, MLX 0.32.4 gave wrong values (off by up to 22.6 in the logits) for a prefill that made
 one 128 x 301 x 151,936 array (5.9e9 elements, past 2^31), so no array we make may reach that size.
 The per-token constants were measured with MLX's peak-memory counter (benchmarks/RESULTS.md).
@@ -56,6 +62,7 @@ from mlx.utils import tree_flatten
 
 from ..model.backend import dense_weight_count
 from ..model.families import text_args, window_layers
+from ..model.parts import SPLIT_MODEL_TYPES
 
 DEFAULT_FRACTION = 0.75
 KV_SHARE = 0.6
@@ -70,6 +77,15 @@ TRAIN_SHARE = {"gpu": 0.6, "cpu": WORKSPACE_SHARE}
 DECODE_BYTES_PER_VOCAB = 40
 HEAD_BYTES_PER_VOCAB = 16
 MAX_ARRAY_ELEMENTS = (1 << 31) - 1
+HEAD_CHUNK_ENTRIES = 1 << 25  # logits per chunk of the learner's head (learner/head.py): 220 rows of Qwen's vocabulary
+HEAD_CHUNK_MAX_ROWS = 4096
+HEAD_BYTES_PER_CHUNK_ENTRY = 48  # its peak per entry, forward and backward (measured 40 on the CPU), rounded up
+HEAD_CHUNKED_BYTES_PER_VOCAB = 2  # and what still grows with the policy tokens (measured 1.4 per token and entry)
+
+
+def head_chunk_rows(vocab: int) -> int:
+    """Rows per chunk of the learner's vocabulary projection (`learner/head.chunked_logprobs`)."""
+    return max(1, min(HEAD_CHUNK_MAX_ROWS, HEAD_CHUNK_ENTRIES // max(vocab, 1)))
 GB = 1 << 30
 
 
@@ -124,6 +140,16 @@ def window_layout(text: dict) -> tuple[int, int]:
     return 0, 0
 
 
+def global_attention(text: dict) -> tuple[int, int]:
+    """(KV heads, head size) of the full-attention layers where they differ from the sliding ones, else
+    (0, 0): Gemma 4's global layers use `global_head_dim` and, when keys are their values
+    (`attention_k_eq_v`), `num_global_key_value_heads` (mlx-lm's `gemma4_text.Attention`)."""
+    if not str(text.get("model_type", "")).startswith("gemma4") or not text.get("global_head_dim"):
+        return 0, 0
+    heads = (text.get("num_global_key_value_heads") if text.get("attention_k_eq_v") else None)
+    return heads or text.get("num_key_value_heads") or text["num_attention_heads"], text["global_head_dim"]
+
+
 def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
     """(recurrent layers, bytes of their state per row) from a language model's config. Gated DeltaNet
     (Qwen3.5, Qwen3-Next) keeps a float32 delta-rule state of value heads x value dim x key dim and a
@@ -161,6 +187,9 @@ class ModelShape:
     kv_shared_layers: int = 0  # layers that attend over an earlier layer's keys and values (Gemma 4): no cache
     window_layers: int = 0  # sliding-window layers with a cache: they hold at most `window + WINDOW_SLACK` slots
     window: int = 0
+    global_kv_heads: int = 0  # Gemma 4's full-attention layers: their own KV heads and head size (0: the same)
+    global_head_dim: int = 0
+    chunked_head: bool = False  # the learner projects onto the vocabulary a chunk of rows at a time (split models)
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
@@ -173,8 +202,12 @@ class ModelShape:
         recurrent, state_bytes = recurrent_layout({"model_type": getattr(args, "model_type", ""), **vars(args)},
                                                   activation_bytes)
         windows = window_layers(model)
-        return cls(recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=len(windows),
-                   window=max(windows.values(), default=0),
+        global_kv_heads, global_head_dim = global_attention({"model_type": getattr(args, "model_type", ""),
+                                                             **vars(args)})
+        return cls(chunked_head=getattr(args, "model_type", None) in SPLIT_MODEL_TYPES,
+                   recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=len(windows),
+                   window=max(windows.values(), default=0), global_kv_heads=global_kv_heads,
+                   global_head_dim=global_head_dim,
                    kv_shared_layers=getattr(args, "num_kv_shared_layers", 0) or 0, layers=args.num_hidden_layers, hidden=args.hidden_size,
                    intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
                    kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
@@ -185,14 +218,24 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        kv_layers = self.layers - self.recurrent_layers - self.kv_shared_layers
-        return kv_layers * 2 * self.kv_heads * self.head_dim * self.activation_bytes
+        """Keys and values of one token in every layer that caches them (window layers included)."""
+        global_layers = self.layers - self.recurrent_layers - self.kv_shared_layers - self.window_layers
+        global_width = (self.global_kv_heads or self.kv_heads) * (self.global_head_dim or self.head_dim)
+        width = self.window_layers * self.kv_heads * self.head_dim + global_layers * global_width
+        return 2 * width * self.activation_bytes
 
     def kv_bytes_per_row(self, slots: int) -> int:
         """A row's KV cache at `slots` slots: window layers stop growing past their window and slack."""
         per_layer_slot = 2 * self.kv_heads * self.head_dim * self.activation_bytes
         bounded = self.window_layers * per_layer_slot * max(slots - self.window - WINDOW_SLACK, 0)
         return self.kv_bytes_per_token * slots - bounded
+
+    @property
+    def head_workspace_bytes(self) -> int:
+        """The learner's vocabulary projection when it runs in chunks: one chunk's logits and gradient."""
+        if not self.chunked_head:
+            return 0
+        return HEAD_BYTES_PER_CHUNK_ENTRY * self.vocab * head_chunk_rows(self.vocab)
 
     def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
         hidden, mlp = PREFILL_DENSE[device]
@@ -201,7 +244,8 @@ class ModelShape:
     def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0, device: str = "gpu",
                               checkpointed: bool = False) -> int:
         dense = (TRAIN_HIDDEN * self.hidden + TRAIN_MLP * self.intermediate) * self.activation_bytes
-        head = policy_fraction * HEAD_BYTES_PER_VOCAB * self.vocab
+        per_vocab = HEAD_CHUNKED_BYTES_PER_VOCAB if self.chunked_head else HEAD_BYTES_PER_VOCAB
+        head = policy_fraction * per_vocab * self.vocab
         layer = dense + TRAIN_SCORES[device] * 4 * self.heads * length
         if checkpointed:  # every layer's input and K/V kept, one layer's inside alive at a time (twice: forward, backward)
             kept = (self.hidden + 2 * self.kv_heads * self.head_dim) * self.activation_bytes
@@ -238,15 +282,18 @@ class MemoryPlan:
 
     def _train_fits(self, length: int, policy_fraction: float, checkpointed: bool) -> int:
         per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device, checkpointed)
+        return int(self._train_workspace() // per_token)
+
+    def _train_workspace(self) -> float:
+        # A training step keeps every dequantized weight for its backward pass (the product's gradient needs it).
         workspace = max(self.free - self.shape.dense_copy_bytes, 0) * TRAIN_SHARE[self.device]
-        return int(workspace // per_token)
+        return max(workspace - self.shape.head_workspace_bytes, 0)
 
     def train_tokens(self, length: int, policy_fraction: float = 1.0, checkpointed: bool = False) -> int:
         """Padded tokens one learner micro-batch may hold at sequences of `length` (never less than one)."""
-        per_token = self.shape.train_bytes_per_token(length, policy_fraction, self.device, checkpointed)
-        # A training step keeps every dequantized weight for its backward pass (the product's gradient needs it).
-        workspace = max(self.free - self.shape.dense_copy_bytes, 0) * TRAIN_SHARE[self.device]
-        fits = int(workspace // per_token)
+        fits = self._train_fits(length, policy_fraction, checkpointed)
+        if self.shape.chunked_head:  # no array of policy tokens x vocabulary is ever made
+            return max(length, fits)
         addressable = int(0.9 * MAX_ARRAY_ELEMENTS / self.shape.vocab / max(policy_fraction, 1e-3))
         return max(length, min(fits, addressable))
 

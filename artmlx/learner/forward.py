@@ -5,9 +5,8 @@ For a micro-batch (`batching.MicroBatch`):
 2. each episode row runs its continuation through the trunk attending to its prefix row's keys and
    values (RoPE positions continue from the prefix length; a mask hides the prefix row's padding);
 3. hidden states are gathered at the policy-sampled targets only (n of B x T positions) and
-   projected onto the vocabulary there: n x V logits instead of B x T x V. (Projecting in chunks
-   under `mx.checkpoint` did not lower MLX's peak, which grew with the number of chunks: the
-   memory plan budgets the n x V float32 copies instead, `engine/memory.py`.);
+   projected onto the vocabulary there, a chunk of rows at a time with its own backward
+   (`head.chunked_logprobs`): at most a chunk x V logits alive instead of n x V;
 4. the n logprobs are scattered back to (B, T) (zeros elsewhere) for `grpo.policy_loss`.
 The result equals `token_logprobs(model(full inputs), targets)` at every policy position; the tests
 check it against that plain forward, values and gradients.
@@ -24,7 +23,9 @@ import contextlib
 import mlx.core as mx
 
 from ..model.masks import window_visible
+from ..engine.memory import head_chunk_rows
 from ..model.parts import ModelParts
+from .head import chunked_logprobs
 
 
 class _PrefixState:
@@ -169,12 +170,16 @@ def policy_logprobs(parts: ModelParts, temperature: float,
     """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere."""
     hidden = hidden_states(parts, prefix_inputs, prefix_lengths, row_prefix, inputs)
     batch, length = inputs.shape
-    # Without a split (an unlisted model family) the trunk already made full logits; the head is the identity.
-    logits = parts.head(hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]).astype(mx.float32)
-    if temperature not in (0, 1):
-        logits = logits / temperature
-    picked = mx.take_along_axis(logits, targets.reshape(-1)[policy_positions][:, None], axis=-1)[:, 0]
-    chosen = picked - mx.logsumexp(logits, axis=-1)
+    picked_targets = targets.reshape(-1)[policy_positions]
+    at_policy = hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]
+    if parts.split:
+        chosen = chunked_logprobs(parts.head, at_policy, picked_targets, temperature, head_chunk_rows(parts.vocab_size))
+    else:  # an unlisted model family: the trunk already made full logits (the head is the identity)
+        logits = at_policy.astype(mx.float32)
+        if temperature not in (0, 1):
+            logits = logits / temperature
+        picked = mx.take_along_axis(logits, picked_targets[:, None], axis=-1)[:, 0]
+        chosen = picked - mx.logsumexp(logits, axis=-1)
     chosen = mx.concatenate([chosen, mx.zeros((1,), chosen.dtype)])
     return chosen[gather_back].reshape(batch, length)
 

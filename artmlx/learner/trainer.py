@@ -23,7 +23,6 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
-from ..config import TrainConfig
 from ..engine.memory import MemoryPlan
 from ..model.parts import model_parts
 from ..model.policy import lora_disabled
@@ -32,6 +31,7 @@ from .batching import MicroBatch, make_microbatch, make_units, pack_units
 from .checkpointing import checkpointed
 from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
+from .settings import TrainerSettings
 
 log = logging.getLogger("artmlx.learner")
 FALLBACK_BATCH_TOKENS = 8192  # without a memory plan and with max_batch_tokens = 0
@@ -46,7 +46,10 @@ class _StepData:
 
 
 class GRPOTrainer:
-    def __init__(self, model: nn.Module, config: TrainConfig, plan: MemoryPlan | None = None):
+    def __init__(self, model: nn.Module, config: TrainerSettings, plan: MemoryPlan | None = None):
+        if not isinstance(config, TrainerSettings):
+            raise TypeError(f"GRPOTrainer takes TrainerSettings (TrainerSettings.of(config)), "
+                            f"not {type(config).__name__}")
         self.model = model
         self.config = config
         self.plan = plan

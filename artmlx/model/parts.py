@@ -1,10 +1,10 @@
 """A causal LM as trunk and head, so logits are computed only where they are used.
 
 mlx-lm's `Model.__call__` is `head(model.model(inputs, cache))` for the decoder-only families we
-train (Qwen2/2.5/3, Llama, Mistral): the trunk returns the final-normed hidden states and the head
-is `lm_head` or, with tied embeddings, `embed_tokens.as_linear`. A sampler needs logits at one
-position per row and the learner at the positions the policy sampled, so projecting every position
-onto a 150,000-token vocabulary (B x N x V floats) is pure waste. For a model family not listed here
+train (Qwen2/2.5/3, Llama, Mistral, Qwen3.5, LFM2, Gemma 3, GPT-OSS, OLMo 3): the trunk returns the
+final-normed hidden states and the head is `lm_head` or, with tied embeddings, `embed_tokens.as_linear`.
+A sampler needs logits at one position per row and the learner at the positions the policy sampled,
+so projecting every position onto a 150,000-token vocabulary (B x N x V floats) is pure waste. For a model family not listed here
 the trunk is the whole model and the head the identity: logits are then computed everywhere and
 gathered after, which is slower but always correct.
 """
@@ -21,7 +21,7 @@ from .families import text_model
 
 # Model types whose Model.__call__ is exactly head(model.model(inputs, cache)), nothing after the head.
 SPLIT_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral", "ministral3", "qwen3_next", "qwen3_5", "qwen3_5_text",
-                     "qwen3_5_moe", "qwen3_5_moe_text", "lfm2")
+                     "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "lfm2", "gemma3_text", "gpt_oss", "olmo3")
 
 
 @dataclass

@@ -14,7 +14,7 @@ scenario is `{"seed": seed}`.
 Their client is the real `openai.AsyncOpenAI` talking to `artmlx serve`'s API in-process (httpx's
 ASGI transport, no socket), and the server's scheduler batches every concurrent request into one
 forward per decode step: the same engine the server uses. The model is named `policy`. Trajectories
-become token-exact episodes (`art/tokens.py`).
+become token-exact episodes (`rollout/choices.py`).
 
 Failures: an exception in user code, or a trajectory that cannot be made token-exact, is left out of
 its group (the group is dropped when fewer than `min_group_size` remain; by default it needs all G)
@@ -30,7 +30,6 @@ batch: when it returns True the running rollouts are cancelled and the batch giv
 from __future__ import annotations
 
 import asyncio
-import collections
 import inspect
 import threading
 import time
@@ -39,10 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..art.tokens import TrajectoryRefused, messages_before, trajectory_episode
 from ..model.families import vocab_size
 from ..trajectory import Group
 from .agent_code import AgentModel, signature_text, takes_model
+from .base import FailureLog
+from .choices import TrajectoryRefused, messages_before, trajectory_episode
 
 MODEL_NAME = "policy"
 BASE_URL = "http://policy/v1"  # the in-process client's address: httpx hands requests to the API, no socket
@@ -68,49 +68,6 @@ class Trajectory:
 
 class RolloutsFailing(RuntimeError):
     """The rollout function failed `failure_limit` times in a row; the message says which, how and where."""
-
-
-class FailureLog:
-    """Failed rollouts by reason (exception type and first line of its message).
-
-    The first failure of each reason is kept with its traceback for `firsts()`; later ones are only
-    counted, and `repeats()` gives one line per reason for those since its last call, so a function
-    that fails on every call writes a line per reason per report, never a line per failure.
-    """
-
-    def __init__(self):
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.consecutive = 0
-        self.first_of_streak = ""  # the details of the failure that began the current run of failures
-        self._new: list[str] = []
-        self._since: collections.Counter[str] = collections.Counter()
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def failed(self, reason: str, details: str) -> None:
-        if reason in self.counts:
-            self._since[reason] += 1
-        else:
-            self._new.append(details)
-        self.counts[reason] += 1
-        if self.consecutive == 0:
-            self.first_of_streak = details
-        self.consecutive += 1
-
-    def succeeded(self) -> None:
-        self.consecutive = 0
-
-    def firsts(self) -> list[str]:
-        """Each reason's first failure (with its traceback) not yet returned."""
-        new, self._new = self._new, []
-        return new
-
-    def repeats(self) -> list[str]:
-        """`reason (xN)` for every reason that failed again since the last call, N being those repeats."""
-        since, self._since = self._since, collections.Counter()
-        return [f"{reason} (x{count:,} more; {self.counts[reason]:,} in all)" for reason, count in since.most_common()]
 
 
 class AgentRollouts:

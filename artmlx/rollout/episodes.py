@@ -25,6 +25,7 @@ from ..engine.memory import MemoryPlan, slots_for
 from ..model.policy import set_adapter_weights
 from ..envs.base import Env
 from ..trajectory import Episode, Group
+from .base import FailureLog
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class EpisodeRollouts:
         self.make_env = make_env
         self.sampling = sampling
         self.plan = plan
+        self.failures = FailureLog()  # stays empty: an environment's errors raise
 
     def set_adapter(self, make_tensors: Callable[[], dict], version: int) -> None:
         """Replace the adapter in place (no reload) between batches; `make_tensors()` gives its arrays."""

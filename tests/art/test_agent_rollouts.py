@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.evaluate import summarize_trajectories
+from artmlx.rollout.evaluation import summarize_trajectories
 from artmlx.rollout.agent_code import RolloutLoadError, load_rollout, load_scenarios, takes_model
 from artmlx.rollout.agents import AgentRollouts, RolloutsFailing, Trajectory
 from artmlx.serve.model_server import ModelServer, ServeConfig
@@ -218,3 +218,19 @@ def test_run_with_agent_rollouts_on_two_actors_trains_and_counts_agent_failures(
     assert result.stdout.count("group dropped") <= 2 and "Traceback" in result.stdout
     assert "rollout " in result.stdout and "0 actor restarts" in result.stdout  # no actor crashed
     assert "actors exited with [0, 0]" in result.stdout
+
+
+def test_both_kinds_of_rollouts_implement_the_declared_interface(server):
+    """The actor, the learner's evaluation and the benchmarks hold a `Rollouts`: agents and environments alike."""
+    from artmlx.envs import make_env
+    from artmlx.model.policy import LoraSpec, load_policy
+    from artmlx.rollout.base import FailureLog, Rollouts
+    from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
+
+    model, tokenizer, _ = load_policy("tiny", LoraSpec())
+    kinds = [AgentRollouts(server, flaky, [{"seed": 1}], temperature=1.0),
+             EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())]
+    for rollouts in kinds:
+        assert isinstance(rollouts, Rollouts) and isinstance(rollouts.failures, FailureLog)
+        assert rollouts.max_rows >= 1 and rollouts.groups_per_batch(2) >= 1 and isinstance(rollouts.stats, dict)
+    assert not isinstance(object(), Rollouts)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetc
 art = pytest.importorskip("art")
 
 from artmlx.art import MLXBackend, TrajectoryRefused, trajectory_episode  # noqa: E402
-from artmlx.launch import free_port  # noqa: E402
+from artmlx.netutil import free_port  # noqa: E402
 from artmlx.serve import run_server  # noqa: E402
 from artmlx.serve.model_server import ModelServer, ServeConfig  # noqa: E402
 from artmlx.trajectory import Group  # noqa: E402

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from artmlx.bench.protocol import adapter_sizes, bench_fanout
-from artmlx.launch import placements
+from artmlx.apps.launch import placements
 
 
 def bench(tmp_path, *args):

@@ -6,10 +6,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from artmlx.config import load_config
 from artmlx.engine.generate import Engine
 from artmlx.engine.memory import DEVICE_ROWS, GB, MemoryPlan, ModelShape, apply_limits, plan_for, resolve_budget
 from artmlx.envs import make_env
+from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.model.policy import LoraSpec, load_policy
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
@@ -116,7 +116,7 @@ def test_rollouts_and_updates_stay_within_a_small_budget(synth_policy):
     assert all(len(e.tokens) > 80 and e.turns == 2 for g in groups for e in g.episodes)
     # Training needs the n x V float32 logits of its policy tokens (2.4 MB each here): give it 0.5 GB.
     budget, groups = GB // 2, groups[:1]
-    trainer = GRPOTrainer(model, load_config(None, {"groups_per_step": len(groups)}), plan_for(model, budget))
+    trainer = GRPOTrainer(model, trainer_settings({"groups_per_step": len(groups)}), plan_for(model, budget))
     assert len(trainer.microbatches(*_flat(groups))) > 1  # the budget forces several micro-batches
     mx.clear_cache()
     mx.reset_peak_memory()

@@ -8,21 +8,21 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from artmlx.config import load_config
 from artmlx.learner.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.model.policy import LoraSpec
 from tests.helpers import tiny_policy
 
 SAVE_WITH_A_FULL_DISK = textwrap.dedent("""
     import resource, signal, sys
-    from artmlx.config import load_config
     from artmlx.learner.checkpoint import save_checkpoint
+    from artmlx.learner.settings import trainer_settings
     from artmlx.learner.trainer import GRPOTrainer
     from artmlx.model.policy import LoraSpec
     from tests.helpers import tiny_policy
     model, _ = tiny_policy(perturb=0.1, seed=2)
-    trainer = GRPOTrainer(model, load_config(None, {}))
+    trainer = GRPOTrainer(model, trainer_settings({}))
     trainer.step = int(sys.argv[2])
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # like a full disk: no file beyond 4 KB
@@ -35,7 +35,7 @@ SAVE_WITH_A_FULL_DISK = textwrap.dedent("""
 
 def _trainer(step, seed):
     model, _ = tiny_policy(perturb=0.1, seed=seed)
-    trainer = GRPOTrainer(model, load_config(None, {}))
+    trainer = GRPOTrainer(model, trainer_settings({}))
     trainer.step = trainer.policy_version = step
     return trainer
 

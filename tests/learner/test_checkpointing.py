@@ -8,6 +8,7 @@ from mlx.utils import tree_flatten
 from artmlx.config import load_config
 from artmlx.engine.memory import MemoryPlan, ModelShape
 from artmlx.envs import make_env
+from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from tests.helpers import tiny_policy
@@ -26,7 +27,7 @@ def _update(setting: str, **settings):
     """Adapters after one GRPO update from the same start, with `grad_checkpoint` = setting."""
     model, tokenizer = tiny_policy(perturb=0.02, seed=1)
     groups = _groups(model, tokenizer)
-    trainer = GRPOTrainer(model, load_config(None, {"temperature": 1.0, "grad_checkpoint": setting, **settings}))
+    trainer = GRPOTrainer(model, trainer_settings({"temperature": 1.0, "grad_checkpoint": setting, **settings}))
     metrics = trainer.train_step(groups)
     return {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}, metrics
 

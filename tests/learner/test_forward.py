@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.config import load_config
 from artmlx.envs import make_env
 from artmlx.learner.batching import common_prefix, make_units, pack_units
 from artmlx.learner.grpo import token_logprobs
+from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.trajectory import Episode
@@ -37,7 +37,7 @@ def _full_forward(model, episodes, temperature=1.0):
 
 
 def _learner_forward(model, episodes, members, **settings):
-    trainer = GRPOTrainer(model, load_config(None, {"temperature": 1.0, **settings}))
+    trainer = GRPOTrainer(model, trainer_settings({"temperature": 1.0, **settings}))
     results = {}
     for batch in trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members):
         logp = trainer.policy_logprobs(batch)
@@ -80,7 +80,7 @@ def test_shared_prefix_gradients_equal_full_forward(played):
     model, episodes, members = played
     weights = [mx.array(np.random.default_rng(i).standard_normal(int(sum(e.policy_mask[1:]))).astype(np.float32))
                for i, e in enumerate(episodes)]
-    trainer = GRPOTrainer(model, load_config(None, {"max_batch_tokens": 128}))
+    trainer = GRPOTrainer(model, trainer_settings({"max_batch_tokens": 128}))
     batches = trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members)
     assert len(batches) > 1
     learner_loss, full_loss = weighted_losses(trainer, batches, episodes, weights)

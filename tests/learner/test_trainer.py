@@ -9,6 +9,7 @@ from mlx.utils import tree_flatten
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.config import load_config
 from artmlx.envs import make_env
+from artmlx.learner.settings import TrainerSettings, trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.model.policy import LoraSpec, save_adapters
 from artmlx.model.tiny import tiny_model_path
@@ -20,7 +21,7 @@ def test_gradients_reach_only_lora_parameters():
     engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     groups = engine.play(list(range(6)), 6, mx.random.key(0))
     config = load_config(None, {"learning_rate": 1e-3, "max_grad_norm": 0.0})
-    trainer = GRPOTrainer(model, config)
+    trainer = GRPOTrainer(model, TrainerSettings.of(config))
     before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     metrics = trainer.train_step(groups)
     assert metrics["episodes_trained"] > 0, "all groups had equal rewards; pick other seeds"
@@ -42,7 +43,7 @@ def test_zero_variance_groups_are_skipped_and_counted():
     for group in groups:
         for episode in group.episodes:
             episode.reward = 0.5
-    trainer = GRPOTrainer(model, load_config())
+    trainer = GRPOTrainer(model, trainer_settings())
     metrics = trainer.train_step(groups)
     assert metrics["groups_zero_variance"] == 2 and metrics["episodes_trained"] == 0
     assert trainer.policy_version == 0
@@ -76,7 +77,7 @@ def test_saved_adapters_load_in_mlx_lm(tmp_path):
 
 @pytest.mark.slow
 def test_resume_gives_the_same_next_step(tmp_path):
-    from artmlx.train import train
+    from artmlx.apps.train import train
 
     common = {"steps": 3, "groups_per_step": 4, "group_size": 4, "eval_every": 0, "checkpoint_every": 2,
               "learning_rate": 1e-3, "seed": 3}
@@ -116,7 +117,7 @@ def test_every_variant_updates_the_adapters(overrides):
     engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
     groups = engine.play(list(range(4)), 8, mx.random.key(0))
     before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-    trainer = GRPOTrainer(model, config)
+    trainer = GRPOTrainer(model, TrainerSettings.of(config))
     metrics = trainer.train_step(groups)
     assert metrics["episodes_trained"] > 0 and np.isfinite(metrics["loss"])
     after = dict(tree_flatten(model.trainable_parameters()))
@@ -137,7 +138,7 @@ def test_a_non_finite_update_is_skipped_and_the_adapters_kept():
     poisoned.logprobs[poisoned.policy_mask.index(True)] = -1e30
     for group in groups:
         group.episodes[0].reward, group.episodes[1].reward = 1.0, 0.0  # every group carries signal
-    trainer = GRPOTrainer(model, load_config(None, {"learning_rate": 1e-3}))
+    trainer = GRPOTrainer(model, trainer_settings({"learning_rate": 1e-3}))
     before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
     metrics = trainer.train_step(groups)
     assert metrics["updates_skipped_nonfinite"] == 1 and trainer.policy_version == 0
@@ -163,7 +164,7 @@ def test_sampling_never_drops_out_and_training_does():
     groups = engine.play(list(range(4)), 6, mx.random.key(0))
     for group in groups:
         group.episodes[0].reward, group.episodes[1].reward = 1.0, 0.0
-    trainer = GRPOTrainer(model, load_config(None, {"lora_dropout": 0.5, "learning_rate": 1e-3}))
+    trainer = GRPOTrainer(model, trainer_settings({"lora_dropout": 0.5, "learning_rate": 1e-3}))
     model.train(True)
     assert not np.array_equal(np.array(model(tokens)), np.array(model(tokens)))  # dropout when training
     model.eval()
@@ -184,6 +185,6 @@ def test_flat_groups_count_in_the_sequence_denominators():
         norms = []
         for groups in ([signal], [signal, flat]):
             fresh, _ = tiny_policy(perturb=0.01)  # the same weights each time: the norms compare exactly
-            trainer = GRPOTrainer(fresh, load_config(None, {"normalization": normalization}))
+            trainer = GRPOTrainer(fresh, trainer_settings({"normalization": normalization}))
             norms.append(trainer.train_step(groups)["grad_norm"])
         np.testing.assert_allclose(norms[1], norms[0] / 2, rtol=1e-4)  # 8 episodes in the update, not 4

@@ -10,7 +10,7 @@ import time
 import pytest
 from rich.console import Console
 
-from artmlx.learner.view import render
+from artmlx.apps.learner_view import render
 from artmlx.metrics import read_metrics
 from artmlx.protocol.client import ActorClient
 from artmlx.protocol.sockets import ActorSocket

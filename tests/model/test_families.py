@@ -11,9 +11,9 @@ import openai
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.config import load_config
 from artmlx.engine.memory import ModelShape
 from artmlx.envs import make_env
+from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.model.families import text_model
 from artmlx.model.policy import LoraSpec, load_policy
@@ -29,7 +29,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
     folders = {family: family_folder(root, family)
                for family in ("qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "lfm2", "qwen3_5",
-                              "qwen3_next", "mamba", "gemma4_text")}
+                              "qwen3_next", "mamba", "gemma4_text", "gemma3", "gemma4", "qwen3_moe")}
     # a vocabulary large enough that the tied head is one of the 4-bit layers that dequantize on the CPU
     folders["qwen3-wide"] = family_folder(root, "qwen3", "qwen3-wide", vocab_size=2048)
     folders["qwen3-deep"] = family_folder(root, "qwen3", "qwen3-deep", num_hidden_layers=12)  # checkpointing pays
@@ -37,7 +37,7 @@ def folders(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next",
-                                    "lfm2", "gemma4_text"])
+                                    "lfm2", "gemma4_text", "gemma3", "gemma4", "qwen3_moe"])
 def test_family_rolls_out_recomputes_and_trains(folders, family):
     """A flat config, a multimodal wrapper (`text_config`), sliding-window layers (Gemma 3, OLMo 3,
     GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer), hybrids with
@@ -47,7 +47,7 @@ def test_family_rolls_out_recomputes_and_trains(folders, family):
     model, tokenizer, count = load_policy(str(folders[family]), LoraSpec(rank=4, scale=20.0))
     assert count > 0
     shape = ModelShape.of(model)
-    assert (shape.layers, shape.hidden, shape.vocab) == (4 if family == "gemma4_text" else 2, 64, 128)
+    assert (shape.layers, shape.hidden, shape.vocab) == (4 if family.startswith("gemma4") else 2, 64, 128)
     if family in ("mistral3", "qwen3_5"):
         assert text_model(model) is model.language_model
     rollouts = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams(temperature=1.0))
@@ -60,16 +60,16 @@ def test_family_rolls_out_recomputes_and_trains(folders, family):
         for index, episode in enumerate(group.episodes):
             episode.reward = float(index % 2)
     before = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-    GRPOTrainer(model, load_config(None, {"temperature": 1.0})).train_step(groups)
+    GRPOTrainer(model, trainer_settings({"temperature": 1.0})).train_step(groups)
     after = dict(tree_flatten(model.trainable_parameters()))
     changed = {k for k in before if not np.array_equal(before[k], np.array(after[k]))}
     assert changed
     experts = [path for path, m in model.named_modules() if type(m).__name__ == "LoRASwitchLinear"]
-    if family in ("gpt_oss", "qwen3_next"):  # 4-bit experts carry mlx-lm's LoRA too, and the step trains it
+    if family in ("gpt_oss", "qwen3_next", "qwen3_moe"):  # 4-bit experts carry mlx-lm's LoRA too, and the step trains it
         assert experts and any(k.startswith(path + ".") for k in changed for path in experts)
 
 
-@pytest.mark.parametrize("family", ["mistral3", "qwen3_5"])
+@pytest.mark.parametrize("family", ["mistral3", "qwen3_5", "gemma3", "gemma4"])
 def test_nested_config_model_serves_a_chat(folders, family):
     """`artmlx serve` on Ministral 3's and Qwen3.5's wrappers: a chat request through the real openai client."""
     server = ModelServer(ServeConfig(model=str(folders[family]), max_tokens=8))
@@ -130,36 +130,39 @@ def test_unsupported_recurrent_family_is_refused_at_load_in_every_command(folder
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text",
-                                    "gemma3_text", "olmo3", "gpt_oss"])
+                                    "gemma3_text", "olmo3", "gpt_oss", "gemma3", "gemma4"])
 def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     """`train --dry-run` reads config.json and the safetensors headers only; the shape it plans with is
-    the one `ModelShape.of` reads from the loaded base (weights, dtype, dense copies included)."""
+    the one `ModelShape.of` reads from the loaded base (weights, dtype, dense copies included), and its
+    KV bytes per token and state bytes per row are what the engine's cache holds after a prefill."""
+    from artmlx.engine.cache import LayerKV, LayerState
     from artmlx.engine.estimate import shape_from_folder
+    from artmlx.engine.generate import Engine
     from artmlx.model.policy import load_base
 
     model, _ = load_base(str(folders[family]))
-    assert shape_from_folder(folders[family]) == ModelShape.of(model)
+    shape = ModelShape.of(model)
+    assert shape_from_folder(folders[family]) == shape
+    engine = Engine(model)
+    cache = engine.new_cache(1)
+    engine.prefill(cache, [[5, 6, 7, 8, 9]])
+    kv = [layer for layer in cache.layers if isinstance(layer, LayerKV)]
+    assert sum(layer.nbytes // layer.keys.shape[2] for layer in kv) == shape.kv_bytes_per_token
+    states = [layer for layer in cache.layers if isinstance(layer, LayerState)]
+    assert sum(layer.nbytes for layer in states) == shape.state_bytes_per_row
     if family == "qwen3-wide":
-        assert ModelShape.of(model).dense_copy_bytes > 0
-    if family == "gemma4_text":  # its last 2 of 4 layers reuse earlier layers' keys and values
-        assert ModelShape.of(model).kv_shared_layers == 2
-    if family in ("gemma3_text", "olmo3", "gpt_oss", "gemma4_text"):  # one window layer: its KV stops growing
-        shape = ModelShape.of(model)
-        assert (shape.window_layers, shape.window) == (1, 8)
+        assert shape.dense_copy_bytes > 0
+    if family.startswith("gemma4"):  # its last 2 of 4 layers reuse earlier layers' keys and values; its one
+        assert shape.kv_shared_layers == 2  # global layer has heads twice as wide (global_head_dim 32)
+        assert shape.kv_bytes_per_token == 2 * 2 * (16 + 32) * shape.activation_bytes
+    if family in ("gemma3_text", "olmo3", "gpt_oss", "gemma4_text", "gemma3", "gemma4"):
+        assert (shape.window_layers, shape.window) == (1, 8)  # one window layer: its KV stops growing
         assert shape.kv_bytes_per_row(500) == shape.kv_bytes_per_token * 500  # within window + slack (776)
-        per_layer = shape.kv_bytes_per_token // 2  # of the 2 layers with a cache, one is global
-        assert shape.kv_bytes_per_row(100_000) == per_layer * 100_000 + per_layer * (8 + 768)
+        window_slot = 2 * 2 * 16 * shape.activation_bytes
+        assert shape.kv_bytes_per_row(100_000) == shape.kv_bytes_per_token * 100_000 - window_slot * (100_000 - 776)
     if family in ("qwen3_5", "qwen3_next", "lfm2"):  # layer 0 keeps a state, layer 1 keys and values
-        shape = ModelShape.of(model)
         assert shape.recurrent_layers == 1 and shape.kv_bytes_per_token == 2 * 2 * 16 * shape.activation_bytes
-        from artmlx.engine.cache import LayerState
-        from artmlx.engine.generate import Engine
-
-        engine = Engine(model)
-        cache = engine.new_cache(1)
-        engine.prefill(cache, [[5, 6, 7, 8, 9]])
-        states = [layer for layer in cache.layers if isinstance(layer, LayerState)]
-        assert sum(layer.nbytes for layer in states) == shape.state_bytes_per_row  # the estimate is the state
+        assert shape.state_bytes_per_row > 0
 
 
 def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(folders):
@@ -227,7 +230,7 @@ def test_checkpointed_update_equals_the_plain_one_in_each_family(folders, family
         for group in groups:
             for index, episode in enumerate(group.episodes):
                 episode.reward = float(index % 2)
-        metrics = GRPOTrainer(model, load_config(None, {"temperature": 1.0, "grad_checkpoint": setting})
+        metrics = GRPOTrainer(model, trainer_settings({"temperature": 1.0, "grad_checkpoint": setting})
                               ).train_step(groups)
         assert metrics["grad_checkpointed"] == (setting == "on")
         after[setting] = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
@@ -261,7 +264,7 @@ def test_recurrent_prefix_state_gives_the_full_forwards_logprobs_and_gradients(f
     for e, g in zip(expected, _learner_forward(model, episodes, members)):
         np.testing.assert_allclose(g, np.array(e), atol=1e-5, rtol=1e-5)
 
-    trainer = GRPOTrainer(model, load_config(None, {"temperature": 1.0}))
+    trainer = GRPOTrainer(model, trainer_settings({"temperature": 1.0}))
     batches = trainer.microbatches(episodes, np.zeros(len(episodes), np.float32), members)
     weights = [mx.array(np.random.default_rng(i).standard_normal(len(e)).astype(np.float32))
                for i, e in enumerate(expected)]

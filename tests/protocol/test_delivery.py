@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.protocol.client import ActorClient, LearnerGone
 from artmlx.protocol.codec import encode
 from artmlx.protocol.sockets import ActorSocket

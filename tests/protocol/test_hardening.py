@@ -8,7 +8,7 @@ import io
 
 from rich.console import Console
 
-from artmlx.learner.view import render
+from artmlx.apps.learner_view import render
 from artmlx.protocol.client import ActorClient
 from artmlx.protocol.codec import encode
 from artmlx.protocol.messages import Ack, Heartbeat, Hello, StatusRequest, Welcome

@@ -2,7 +2,7 @@
 
 import time
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.protocol.client import ActorClient
 from artmlx.protocol.sockets import ActorSocket
 from tests.protocol.helpers import HubThread, make_group, wait_for

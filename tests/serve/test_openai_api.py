@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.serve import run_server
 from artmlx.serve.model_server import ModelServer, ServeConfig
 

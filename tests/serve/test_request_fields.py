@@ -13,7 +13,7 @@ import openai
 import pytest
 from packaging.version import Version
 
-from artmlx.launch import free_port
+from artmlx.netutil import free_port
 from artmlx.serve import run_server
 from artmlx.serve.model_server import ModelServer, ServeConfig
 from artmlx.serve.tools import call_opening
@@ -280,7 +280,7 @@ def test_a_streamed_choice_assembled_by_art_is_a_trainable_choice(served):
     from art.openai import consume_chat_completion_stream
 
     from artmlx.art import TrajectoryRefused, trajectory_episode
-    from artmlx.art.tokens import choice_tokens
+    from artmlx.rollout.choices import choice_tokens
 
     server, _, base_url = served
     ask = dict(model="tiny", messages=STORY, max_tokens=16, temperature=1.0, seed=11, logprobs=True,

@@ -8,7 +8,7 @@ groups, so a resumed learner recognises resends), and stops after `steps` update
 (`rollout`) is evaluated with the agent itself on `eval_scenarios`, on the learner's own in-process
 server of the policy (`_evaluate_agent`), or not at all: its `env` is not its task. SIGINT/SIGTERM
 write a checkpoint first. Acknowledging a group only once it is consumed bounds the buffer to
-`max_in_flight` groups per actor. On a terminal a live view (learner/view.py) shows the state that
+`max_in_flight` groups per actor. On a terminal a live view (apps/learner_view.py) shows the state that
 `artmlx status` prints; on a pipe the metrics rows are plain lines, with the status after each eval.
 """
 
@@ -24,13 +24,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig
-from ..engine.memory import apply_limits, plan_for, resolve_budget
+from ..engine.loading import open_policy
 from ..envs.base import make_env, outcomes_of
-from ..evaluate import evaluate, evaluate_agent
+from ..rollout.evaluation import evaluate, evaluate_agent
 from ..metrics import MetricsLog
-from ..model.backend import prefer_mlx_attention
 from ..model.families import vocab_size
-from ..model.policy import LoraSpec, adapter_weights, fingerprint, load_policy, save_adapters
+from ..model.policy import LoraSpec, adapter_weights, fingerprint, save_adapters
 from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
@@ -38,9 +37,10 @@ from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .trainer import GRPOTrainer
-from .view import LiveView
+from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..learner.settings import TrainerSettings
+from ..learner.trainer import GRPOTrainer
+from .learner_view import LiveView
 
 
 class LearnerService:
@@ -55,15 +55,11 @@ class LearnerService:
             load_scenarios(config.scenarios)
             self.eval_scenarios = load_scenarios(config.eval_scenarios, "eval_scenarios")
         self.run_dir = prepare_run_dir(config, resume)
-        prefer_mlx_attention()
-        budget = resolve_budget(config.memory_budget_gb)
-        apply_limits(budget)
-        mx.random.seed(config.seed)
         self.spec = LoraSpec.from_config(config)
-        self.model, tokenizer, self.trainable = load_policy(config.model, self.spec)
-        self.plan = plan_for(self.model, budget)
+        opened = open_policy(config.model, self.spec, config.memory_budget_gb, training=True, seed=config.seed)
+        self.model, tokenizer, self.trainable, self.plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
-        self.trainer = GRPOTrainer(self.model, config, self.plan)
+        self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
         consumed: dict[str, int] | list[str] = {}
         self.elapsed_before = 0.0

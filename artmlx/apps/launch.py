@@ -38,8 +38,8 @@ import sys
 import threading
 import time
 
-from .netutil import free_port  # noqa: F401  (re-exported: tests and benchmarks import it here)
-from .config import TrainConfig, config_to_toml
+from ..netutil import free_port
+from ..config import TrainConfig, config_to_toml
 
 
 RESTART_DELAY_S = 0.5

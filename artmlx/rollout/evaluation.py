@@ -16,27 +16,11 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from .rollout.episodes import EpisodeRollouts
-from .trajectory import Episode
+from ..seeds import EVAL_SEED_BASE
+from ..trajectory import Episode
+from .episodes import EpisodeRollouts
 
-EVAL_SEED_BASE = 1 << 30
 EVAL_CHUNK = 256
-
-
-def train_seeds(seed: int, step: int, count: int) -> list[int]:
-    """Task seeds of one training update: a pure function of (run seed, step)."""
-    rng = np.random.default_rng([seed, step, 0x5EED])
-    return rng.integers(0, EVAL_SEED_BASE, size=count).tolist()
-
-
-def step_seed(seed: int, step: int, stream: int = 0) -> int:
-    """A seed for one update's randomness: a pure function of (run seed, step, stream)."""
-    return int(np.random.default_rng([seed, step, stream]).integers(0, 2**62))
-
-
-def step_key(seed: int, step: int) -> mx.array:
-    """Sampling key of one update."""
-    return mx.random.key(step_seed(seed, step, stream=0))
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:

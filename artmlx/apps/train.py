@@ -12,18 +12,19 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .config import TrainConfig
-from .engine.memory import apply_limits, plan_for, resolve_budget
-from .envs.base import make_env, outcomes_of
-from .evaluate import evaluate, step_key, step_seed, train_seeds
-from .fast_blas import blas_description
-from .learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .learner.trainer import GRPOTrainer
-from .metrics import MetricsLog
-from .model.backend import prefer_mlx_attention
-from .model.policy import LoraSpec, load_policy, save_adapters
-from .rollout.episodes import EpisodeRollouts, SamplingParams
-from .rundir import prepare_run_dir
+from ..config import TrainConfig
+from ..engine.loading import open_policy
+from ..envs.base import make_env, outcomes_of
+from ..rollout.evaluation import evaluate
+from ..seeds import step_key, step_seed, train_seeds
+from ..fast_blas import blas_description
+from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..learner.settings import TrainerSettings
+from ..learner.trainer import GRPOTrainer
+from ..metrics import MetricsLog
+from ..model.policy import LoraSpec, save_adapters
+from ..rollout.episodes import EpisodeRollouts, SamplingParams
+from ..rundir import prepare_run_dir
 
 
 def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
@@ -31,17 +32,13 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         raise ValueError("rollout agents are played by actors: use `artmlx run --rollout ...` (or MLXBackend in "
                          "an ART script); `artmlx train` plays environments")
     run_dir = prepare_run_dir(config, resume)
-    prefer_mlx_attention()
-    budget = resolve_budget(config.memory_budget_gb)
-    apply_limits(budget)
-    mx.random.seed(config.seed)
     spec = LoraSpec.from_config(config)
-    model, tokenizer, trainable = load_policy(config.model, spec)
-    plan = plan_for(model, budget)
+    opened = open_policy(config.model, spec, config.memory_budget_gb, training=True, seed=config.seed)
+    model, tokenizer, trainable, plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
     env = make_env(config.env, config.env_args)
     engine = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
                              SamplingParams.from_config(config), plan)
-    trainer = GRPOTrainer(model, config, plan)
+    trainer = GRPOTrainer(model, TrainerSettings.of(config), plan)
     log = MetricsLog(run_dir / "metrics.jsonl", echo=echo)
     elapsed = 0.0
     if resume:

@@ -38,13 +38,14 @@ import numpy as np
 from ..config import TrainConfig, validate
 from ..engine.memory import apply_limits, plan_for, resolve_budget
 from ..envs.base import make_env
-from ..evaluate import EVAL_SEED_BASE
+from ..seeds import EVAL_SEED_BASE
 from ..model.policy import LoraSpec, fingerprint, load_policy
 from ..protocol.client import ActorClient, LearnerGone
 from ..protocol.codec import to_mlx
 from ..protocol.convert import group_to_message
 from ..protocol.sockets import ActorSocket
 from ..rollout.agents import RolloutsFailing
+from ..rollout.base import Rollouts
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 
 FAILURE_REPORT_S = 30.0
@@ -101,7 +102,7 @@ class ActorService:
             self.client.socket.close()
         return reason
 
-    def _play(self, config: TrainConfig, rollouts) -> None:
+    def _play(self, config: TrainConfig, rollouts: Rollouts) -> None:
         version = self._apply_adapter(rollouts, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
@@ -131,12 +132,10 @@ class ActorService:
                                  "device": device_description(), **rollouts.stats}
             self.client.pump(0)
 
-    def _report_failures(self, rollouts, final: bool = False) -> None:
+    def _report_failures(self, rollouts: Rollouts, final: bool = False) -> None:
         """Each kind of failed rollout once with its traceback; repeats as counts every
         `FAILURE_REPORT_S` and at the end, never a line per failure."""
-        failures = getattr(rollouts, "failures", None)  # agent rollouts only: an env's errors raise
-        if failures is None:
-            return
+        failures = rollouts.failures
         for first in failures.firsts():
             self.say(f"group dropped: {first}")
         now = time.monotonic()
@@ -165,7 +164,7 @@ class ActorService:
                          "gone); still waiting")
                 patience = min(2 * patience, 600.0)
 
-    def groups_per_batch(self, config: TrainConfig, rollouts: EpisodeRollouts) -> int:
+    def groups_per_batch(self, config: TrainConfig, rollouts: Rollouts) -> int:
         """The run's fixed number, else what fits, at most the share of an update the learner asks for."""
         if config.actor_groups_per_batch:
             return config.actor_groups_per_batch
@@ -190,7 +189,7 @@ class ActorService:
             return welcome
         raise SystemExit(0)
 
-    def _rollouts(self, config: TrainConfig, spec: LoraSpec, budget: int):
+    def _rollouts(self, config: TrainConfig, spec: LoraSpec, budget: int) -> Rollouts:
         """The environment's batched rollouts, or with `rollout` the agent's against an in-process server."""
         if not config.rollout:
             model, tokenizer, _ = load_policy(config.model, spec)
@@ -202,7 +201,7 @@ class ActorService:
         return agent_rollouts(config, max(rows, config.group_size), seed=int(self.nonce % 2**31), tick=self._tick,
                               failure_limit=config.rollout_failure_limit)
 
-    def _apply_adapter(self, rollouts, wait: bool, current: int = -1) -> int:
+    def _apply_adapter(self, rollouts: Rollouts, wait: bool, current: int = -1) -> int:
         while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:
             self.client.pump(50)
         adapter = self.client.take_adapter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import TrainConfig, load_config, parse_value
+from ..config import TrainConfig, load_config, parse_value
 
 
 def run_config_for(adapters: str | None) -> TrainConfig:
@@ -20,11 +20,11 @@ def run_config_for(adapters: str | None) -> TrainConfig:
 
 
 def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -> dict:
-    from .engine.memory import apply_limits, plan_for, resolve_budget
-    from .envs.base import make_env, outcomes_of
-    from .evaluate import evaluate
-    from .model.policy import LoraSpec, load_policy, load_policy_with_adapters, read_adapter_config
-    from .rollout.episodes import EpisodeRollouts, SamplingParams
+    from ..engine.loading import open_policy
+    from ..envs.base import make_env, outcomes_of
+    from ..rollout.evaluation import evaluate
+    from ..model.policy import LoraSpec, read_adapter_config
+    from ..rollout.episodes import EpisodeRollouts, SamplingParams
 
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
@@ -37,16 +37,14 @@ def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -
             raise ValueError(f"--env-arg {item!r} must look like key=value")
         env_args[key.strip()] = parse_value(raw)
     temperature = run.resolved_eval_temperature() if temperature is None else temperature
-    budget = resolve_budget(run.memory_budget_gb)
-    apply_limits(budget)
     if adapters:
         model = model or read_adapter_config(Path(adapters)).get("model")
-        policy, tokenizer = load_policy_with_adapters(Path(adapters), model)
+        opened = open_policy(model, budget_gb=run.memory_budget_gb, adapters=Path(adapters))
     else:
         model = model or run.model
-        policy, tokenizer, _ = load_policy(model, LoraSpec())
-    engine = EpisodeRollouts(policy, tokenizer, lambda: make_env(env, env_args), SamplingParams.from_config(run),
-                             plan_for(policy, budget))
+        opened = open_policy(model, LoraSpec(), run.memory_budget_gb)
+    engine = EpisodeRollouts(opened.model, opened.tokenizer, lambda: make_env(env, env_args),
+                             SamplingParams.from_config(run), opened.plan)
     result = evaluate(engine, episodes, outcomes_of(make_env(env, env_args)), temperature, seed=seed)
     return {"model": model, "adapters": adapters, "env": env,
             "env_args": env_args, "temperature": temperature, **result}

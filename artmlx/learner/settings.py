@@ -1,0 +1,45 @@
+"""The settings the GRPO trainer reads: a narrow, frozen view of the run's configuration.
+
+`TrainConfig` (`artmlx/config.py`) documents and validates every field; the trainer takes only
+these, so what it depends on is written here and nothing else reaches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    temperature: float  # the sampler's: the recomputed logprobs must be the behaviour policy's
+    objective: str
+    eps_low: float
+    eps_high: float
+    kl_coef: float
+    normalization: str
+    constant_length: int
+    scale_advantages: bool
+    learning_rate: float
+    adam_betas: tuple[float, float]
+    weight_decay: float
+    max_grad_norm: float
+    minibatches: int
+    max_batch_tokens: int
+    pad_multiple: int
+    compile_step: bool
+    grad_checkpoint: str
+    lora_dropout: float
+
+    @classmethod
+    def of(cls, config) -> "TrainerSettings":
+        """These fields of a `TrainConfig`."""
+        values = {f.name: getattr(config, f.name) for f in fields(cls)}
+        values["adam_betas"] = tuple(values["adam_betas"])
+        return cls(**values)
+
+
+def trainer_settings(overrides: dict | None = None) -> TrainerSettings:
+    """The defaults with `overrides`, validated as a run's configuration is."""
+    from ..config import load_config
+
+    return TrainerSettings.of(load_config(None, overrides or {}))
