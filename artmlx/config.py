@@ -127,6 +127,10 @@ class TrainConfig:
     """Write a full trainer checkpoint every this many updates (and at the end)."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep."""
+    wandb_project: str = ""
+    """Weights & Biases project to log every metrics row to (needs the extra `artmlx[wandb]`; `WANDB_MODE=offline` logs to the run directory without a network, for `wandb sync` later); empty: no W&B. The run's id is kept in the run directory, so `--resume` continues the same W&B run."""
+    wandb_run_name: str = ""
+    """The W&B run's display name; empty: the run directory's name."""
 
     def resolved_out(self) -> Path:
         if self.out:

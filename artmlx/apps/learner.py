@@ -27,7 +27,7 @@ from ..config import TrainConfig
 from ..engine.loading import open_policy
 from ..envs.base import make_env, outcomes_of
 from ..rollout.evaluation import evaluate, evaluate_agent
-from ..metrics import MetricsLog
+from ..metrics import check_sinks, open_metrics
 from ..model.families import vocab_size
 from ..model.policy import LoraSpec, adapter_weights, fingerprint, save_adapters
 from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
@@ -54,13 +54,14 @@ class LearnerService:
             load_rollout(config.rollout)
             load_scenarios(config.scenarios)
             self.eval_scenarios = load_scenarios(config.eval_scenarios, "eval_scenarios")
+        check_sinks(config)
         self.run_dir = prepare_run_dir(config, resume)
         self.spec = LoraSpec.from_config(config)
         opened = open_policy(config.model, self.spec, config.memory_budget_gb, training=True, seed=config.seed)
         self.model, tokenizer, self.trainable, self.plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
         self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan)
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl", echo=echo)
+        self.log = open_metrics(self.run_dir, config, echo)
         consumed: dict[str, int] | list[str] = {}
         self.elapsed_before = 0.0
         if resume:
@@ -278,6 +279,7 @@ class LearnerService:
                         "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
                         **self.hub.actor_totals(AGENT_STATS),
                         "stop_reason": reason})
+        self.log.close()
         self.hub.socket.close()
         if self.agent_eval is not None:
             self.agent_eval.close()

@@ -21,7 +21,7 @@ from ..fast_blas import blas_description
 from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
-from ..metrics import MetricsLog
+from ..metrics import check_sinks, open_metrics
 from ..model.policy import LoraSpec, save_adapters
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
@@ -31,6 +31,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     if config.rollout:
         raise ValueError("rollout agents are played by actors: use `artmlx run --rollout ...` (or MLXBackend in "
                          "an ART script); `artmlx train` plays environments")
+    check_sinks(config)
     run_dir = prepare_run_dir(config, resume)
     spec = LoraSpec.from_config(config)
     opened = open_policy(config.model, spec, config.memory_budget_gb, training=True, seed=config.seed)
@@ -39,7 +40,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
     engine = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
                              SamplingParams.from_config(config), plan)
     trainer = GRPOTrainer(model, TrainerSettings.of(config), plan)
-    log = MetricsLog(run_dir / "metrics.jsonl", echo=echo)
+    log = open_metrics(run_dir, config, echo)
     elapsed = 0.0
     if resume:
         extra = load_checkpoint(latest_checkpoint(run_dir), trainer)
@@ -58,37 +59,40 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         log.write({"step": trainer.step, "policy_version": trainer.policy_version,
                    "time": time.perf_counter() - started, **row})
 
-    if trainer.step == 0 and config.eval_every:
-        run_eval()
-    while trainer.step < config.steps:
-        step = trainer.step
-        mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
-        mx.reset_peak_memory()  # so each row reports its own update's peak
-        t0 = time.perf_counter()
-        groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
-                             step_key(config.seed, step), trainer.policy_version)
-        t1 = time.perf_counter()
-        stats = trainer.train_step(groups)
-        t2 = time.perf_counter()
-        tokens = sum(g.tokens for g in groups)
-        log.write({
-            "step": trainer.step, "policy_version": trainer.policy_version, "time": t2 - started,
-            "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
-            "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
-            # Per wall second of the whole update, as the learner reports it, so both modes compare.
-            "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t2 - t0, 1e-9),
-            "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
-            "peak_memory_gb": mx.get_peak_memory() / 2**30,
-            "outcomes": _count_outcomes(groups, outcomes),
-            **stats,
-        })
-        if config.eval_due(trainer.step):
+    try:
+        if trainer.step == 0 and config.eval_every:
             run_eval()
-        if config.checkpoint_due(trainer.step):
-            save_checkpoint(run_dir, trainer, spec, config.model,
-                            {"time": time.perf_counter() - started, "seed": config.seed},
-                            keep=config.keep_checkpoints)
-            save_adapters(model, run_dir / "adapters", spec, config.model)
+        while trainer.step < config.steps:
+            step = trainer.step
+            mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
+            mx.reset_peak_memory()  # so each row reports its own update's peak
+            t0 = time.perf_counter()
+            groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
+                                 step_key(config.seed, step), trainer.policy_version)
+            t1 = time.perf_counter()
+            stats = trainer.train_step(groups)
+            t2 = time.perf_counter()
+            tokens = sum(g.tokens for g in groups)
+            log.write({
+                "step": trainer.step, "policy_version": trainer.policy_version, "time": t2 - started,
+                "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
+                "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
+                # Per wall second of the whole update, as the learner reports it, so both modes compare.
+                "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t2 - t0, 1e-9),
+                "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
+                "peak_memory_gb": mx.get_peak_memory() / 2**30,
+                "outcomes": _count_outcomes(groups, outcomes),
+                **stats,
+            })
+            if config.eval_due(trainer.step):
+                run_eval()
+            if config.checkpoint_due(trainer.step):
+                save_checkpoint(run_dir, trainer, spec, config.model,
+                                {"time": time.perf_counter() - started, "seed": config.seed},
+                                keep=config.keep_checkpoints)
+                save_adapters(model, run_dir / "adapters", spec, config.model)
+    finally:
+        log.close()  # ends the W&B run, if any
     if not (run_dir / "adapters").exists():  # a resumed run that had nothing left to do
         save_adapters(model, run_dir / "adapters", spec, config.model)
     return run_dir
