@@ -53,7 +53,8 @@ from .flow import RequestRate, Windows, counted_as, group_rate, record_arrival
 from .ledger import balance
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
-from .sockets import LearnerSocket, Undelivered
+from .sockets import Undelivered
+from .transport import HubTransport
 
 REJOIN = ""  # the session a learner answers an actor it does not know with
 POLL_MAX_MESSAGES = 512
@@ -82,7 +83,7 @@ class ActorInfo:
 
 
 class LearnerHub:
-    def __init__(self, socket: LearnerSocket, run_config: dict, fingerprint: str,
+    def __init__(self, socket: HubTransport, run_config: dict, fingerprint: str,
                  max_in_flight: int | Callable[[int, int], int] = 4,
                  actor_timeout_s: float = 60.0, consumed: dict[str, int] | set[str] | None = None,
                  share: Callable[[int], int] | None = None, limits: GroupLimits | None = None,
