@@ -6,12 +6,15 @@ heartbeats) are unacknowledged at once; `submit()` waits for a free slot, so a s
 actors down. Heartbeats go out every
 `heartbeat_s`; the learner answers with its session id. A different session id means the learner
 restarted: the actor says hello again and resends every unacknowledged group (the learner drops
-the ones it had already consumed). A group unacknowledged for `RESEND_AFTER_S` is sent again (a
-message or its ack may have died with a connection: a cut link, a reset); the learner answers a
-copy of a consumed group with `duplicate` and ignores a copy of one it holds. On shutdown (the
-learner first acknowledges every group it will not train) the actor resends what is still
-unacknowledged every `LEAVE_RESEND_S`, up to `LEAVE_WAIT_S`, before it says it is leaving, so acks
-lost on the way (a reset link) do not remain in its count; an actor that stops on its own waits
+the ones it had already consumed). The learner answers a group it takes with `Held` at once and
+with an `Ack` when it has consumed it; a group with neither for `RESEND_AFTER_S` is sent again (a
+message or its answer may have died with a connection: a cut link, a reset), a held one never
+while the session lasts (an update may take minutes). The learner answers a copy of a consumed
+group with `duplicate` and a copy of one it holds with `Held`. On shutdown (the learner first
+acknowledges every group it will not train) the actor waits `LEAVE_RESEND_S` after it heard the
+shutdown (it may have been busy with a batch meanwhile) for the acks on their way, then resends what is still unacknowledged every `LEAVE_RESEND_S`, up to
+`LEAVE_WAIT_S`, before it says it is leaving, so acks lost on the way (a reset link) do not remain
+in its count and nothing settled is sent twice; an actor that stops on its own waits
 (as long) for its groups' acks or the learner's shutdown, then says it is leaving. Adapter updates are conflated:
 only the newest is kept.
 """
@@ -24,7 +27,7 @@ import time
 
 from .. import __version__
 from .codec import encode
-from .messages import Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, TrajectoryGroup, Welcome
+from .messages import Ack, AdapterUpdate, Heartbeat, Held, Hello, Refuse, Shutdown, TrajectoryGroup, Welcome
 from .sockets import ActorSocket
 
 
@@ -63,6 +66,7 @@ class ActorClient:
         self.resent = 0
         self.sent_at: dict[str, float] = {}  # group id -> when it was last sent
         self.leave_by: float | None = None  # shutting down: say "leaving" when all is acked, or by then
+        self.leave_resend_at = 0.0  # shutting down: when what is still unacknowledged is sent again
         self.left = False
         self._last_heartbeat = 0.0
 
@@ -127,8 +131,9 @@ class ActorClient:
             if not self.outbox or time.monotonic() >= self.leave_by:
                 self.left = True
                 self._heartbeat(leaving=True)
-            elif time.monotonic() - max(self.sent_at.values(), default=0.0) >= LEAVE_RESEND_S:
+            elif time.monotonic() >= self.leave_resend_at:  # acks on their way had LEAVE_RESEND_S to arrive
                 self._resend_all()
+                self.leave_resend_at = time.monotonic() + LEAVE_RESEND_S
 
     def _receive(self, timeout_ms: int, answer_session: bool) -> None:
         """Handle the first message to arrive within `timeout_ms`, then every one already waiting."""
@@ -160,6 +165,9 @@ class ActorClient:
             self.session = message.session
         elif isinstance(message, Refuse):
             raise ActorRefused(message.reason)
+        elif isinstance(message, Held):  # the learner has it: keep it in the window, never resend it on a timer
+            if message.group_id in self.outbox:
+                self.sent_at.pop(message.group_id, None)
         elif isinstance(message, Ack):
             if self.outbox.pop(message.group_id, None) is not None:
                 self.acks[message.status] += 1
@@ -183,10 +191,10 @@ class ActorClient:
                 if self.session == previous:
                     self._resend_all()
         elif isinstance(message, Shutdown):
-            if self.leave_by is None:  # the first: reconcile what is unacknowledged, then leave (pump)
+            if self.leave_by is None:  # the first: wait for acks on the way, reconcile the rest, then leave (pump)
                 self.shutdown_reason = message.reason or "learner shut down"
                 self.leave_by = time.monotonic() + LEAVE_WAIT_S
-                self._resend_all()
+                self.leave_resend_at = time.monotonic() + LEAVE_RESEND_S
             elif self.left:  # the learner did not hear us leave: say it again
                 self._heartbeat(leaving=True)
 

@@ -7,9 +7,12 @@
   once the current adapter, so a late or reconnecting actor never samples from a stale policy.
 - TrajectoryGroup: a group id already consumed is acknowledged as `duplicate` and dropped; one
   already waiting is not queued twice; a group with a wrong fingerprint or a policy version from
-  the future is rejected. Valid groups are handed to the caller, who later calls `consume()` with
-  trained/stale/rejected; only then is the actor acknowledged and its window slot freed, so a slow
-  learner back-pressures actors instead of buffering without bound.
+  the future is rejected. A valid group is answered `Held` at once (the actor then never resends it
+  while this session lasts, however long an update takes) and handed to the caller, who later calls
+  `consume()` with trained/stale/rejected; only then is the actor acknowledged and its window slot
+  freed, so a slow learner back-pressures actors instead of buffering without bound. Every group
+  answered is counted once: `received` counts first arrivals (those settled at shutdown included),
+  `duplicate` the copies.
 - Heartbeat: updates the actor's liveness, policy version and stats; the reply carries this
   learner's session id (a new one after a restart tells actors to say hello and resend) and, if
   the actor is behind, the adapter follows. An actor silent for `actor_timeout_s` of the hub's
@@ -51,7 +54,7 @@ from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
 from .flow import RequestRate, Windows, counted_as, group_rate, record_arrival
 from .ledger import balance
-from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown, StatusReply,
+from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Held, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
 from .sockets import Undelivered
 from .transport import HubTransport
@@ -181,6 +184,7 @@ class LearnerHub:
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
             elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
                 self.consumed[message.group_id] = message.policy_version
+                self.counts["received"] += 1
                 self.counts["stale"] += 1
                 self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
@@ -241,15 +245,16 @@ class LearnerHub:
             self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
-        self.counts["received"] += 1
         if group.group_id in self.consumed:
             self.counts["duplicate"] += 1
             self.socket.send(info.identity, Ack(group.group_id, "duplicate", "already consumed"))
             return None
-        if group.group_id in self.waiting:
+        if group.group_id in self.waiting:  # its Held was lost, or it was resent after a reconnect
             self.counts["duplicate"] += 1
             self.waiting[group.group_id] = info.identity
+            self.socket.send(info.identity, Held(group.group_id))
             return None
+        self.counts["received"] += 1  # a group's first arrival; copies are duplicates
         reason = ""
         if not info.loaded:
             reason = "say hello with the run's fingerprint (after loading the model) before sending groups"
@@ -268,6 +273,7 @@ class LearnerHub:
             self.socket.send(info.identity, Ack(group.group_id, "rejected", reason))
             return None
         self.waiting[group.group_id] = info.identity
+        self.socket.send(info.identity, Held(group.group_id))
         info.in_flight += 1
         record_arrival(info.arrivals, time.monotonic())
         self.windows.last_progress = self._listening_clock()

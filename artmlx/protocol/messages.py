@@ -4,7 +4,7 @@ Every message travels in an envelope `{type, version, id, body}` (see `codec.py`
 `PROTOCOL_VERSION` and a peer with another version is refused. Arrays are numpy arrays on the wire
 side (decoded zero-copy from their ZeroMQ frame); `codec.to_mlx` turns one into an MLX array.
 
-Actor -> learner: Hello, TrajectoryGroup, Heartbeat.  Learner -> actor: Welcome, Refuse, Ack,
+Actor -> learner: Hello, TrajectoryGroup, Heartbeat.  Learner -> actor: Welcome, Refuse, Held, Ack,
 AdapterUpdate, Shutdown.  Any client -> learner: StatusRequest, answered by StatusReply.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Held, the receipt of a group apart from its settlement (Ack)
 NAME = ("str", 128)
 GROUP_STATUSES = ("trained", "stale", "duplicate", "rejected")
 
@@ -123,6 +123,16 @@ class Ack:
 
 
 @dataclass
+class Held:
+    """The learner has a group and holds it until it is consumed (then its Ack): the actor keeps it in its
+    window but does not send it again while this learner session lasts, however long the update takes."""
+
+    TYPE: ClassVar[str] = "held"
+    SCHEMA: ClassVar[dict] = {"group_id": ("str", 64)}
+    group_id: str
+
+
+@dataclass
 class AdapterUpdate:
     """New adapter weights: the policy every actor should sample from."""
 
@@ -173,7 +183,7 @@ class StatusReply:
 
 
 MESSAGE_TYPES: dict[str, type] = {
-    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, TrajectoryGroup, Ack, AdapterUpdate, Heartbeat, Shutdown,
-                              StatusRequest, StatusReply)
+    cls.TYPE: cls for cls in (Hello, Welcome, Refuse, TrajectoryGroup, Held, Ack, AdapterUpdate, Heartbeat,
+                              Shutdown, StatusRequest, StatusReply)
 }
 Message = Any

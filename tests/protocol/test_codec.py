@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from artmlx.protocol.codec import decode, encode, to_mlx
 from artmlx.protocol.errors import ProtocolError, VersionMismatch
-from artmlx.protocol.messages import (MESSAGE_TYPES, Ack, AdapterUpdate, Heartbeat, Hello, Refuse, Shutdown,
-                                      TrajectoryGroup, Welcome)
+from artmlx.protocol.messages import (MESSAGE_TYPES, PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Hello, Refuse,
+                                      Shutdown, TrajectoryGroup, Welcome)
 from tests.protocol.helpers import make_group
 
 names = st.text(max_size=40)
@@ -145,18 +145,19 @@ def test_inconsistent_and_non_finite_arrays_are_rejected():
 
 def test_garbage_and_hostile_headers_are_rejected():
     for frames in ([b""], [b"\xc1"], [b"\x93\x01\x02"], [msgpack.packb({1: 2})], [msgpack.packb("x" * 100)],
-                   [msgpack.packb({"type": "hello", "version": 1, "id": "i", "body": {b"actor": 1}})], []):
+                   [msgpack.packb({"type": "hello", "version": PROTOCOL_VERSION, "id": "i",
+                                   "body": {b"actor": 1}})], []):
         with pytest.raises(ProtocolError):
             decode(frames)
-    huge = msgpack.packb({"type": "refuse", "version": 1, "id": "i", "body": {"reason": "x" * 70000}})
+    huge = msgpack.packb({"type": "refuse", "version": PROTOCOL_VERSION, "id": "i", "body": {"reason": "x" * 70000}})
     with pytest.raises(ProtocolError):
         decode([huge])
-    heartbeat = msgpack.packb({"type": "heartbeat", "version": 1, "id": "i",
+    heartbeat = msgpack.packb({"type": "heartbeat", "version": PROTOCOL_VERSION, "id": "i",
                                "body": {"sender": "a", "session": "", "policy_version": 0, "stats": {"x": [[[[[[1]]]]]]}}})
     with pytest.raises(ProtocolError, match="nests"):
         decode([heartbeat])
 
 
 def test_every_type_is_registered():
-    assert set(MESSAGE_TYPES) == {"hello", "welcome", "refuse", "group", "ack", "adapter", "heartbeat", "shutdown",
-                                  "status", "status_reply"}
+    assert set(MESSAGE_TYPES) == {"hello", "welcome", "refuse", "group", "held", "ack", "adapter", "heartbeat",
+                                  "shutdown", "status", "status_reply"}

@@ -228,3 +228,53 @@ def test_lost_messages_and_acks_are_recovered_and_the_ledger_balances():
     assert ledger == {"groups_sent": 2, "groups_resent": 2, "groups_in_flight": 0, "groups_unaccounted": 0}
     client.socket.close()
     hub.stop()
+
+
+def test_a_held_group_is_never_resent_however_long_the_update_takes():
+    """The learner answers `Held` on receipt: a group it holds for longer than RESEND_AFTER_S (a long
+    update on a Mac) is not sent again, while one it never answered is (its message was lost)."""
+    from artmlx.protocol.client import RESEND_AFTER_S
+
+    hub = HubThread(hold=True, max_in_flight=8)
+    client = ActorClient(ActorSocket(hub.address), "a", heartbeat_s=0.1)
+    client.hello("fp")
+    held, lost = make_group(), make_group()
+    client.submit(held)
+    assert wait_for(lambda: len(hub.received) == 1 and held.group_id not in client.sent_at, client)
+    client.outbox[lost.group_id] = encode(lost)  # "sent" on a connection that died
+    client.sent_at[lost.group_id] = time.monotonic() - RESEND_AFTER_S - 1
+    client.sent += 1
+    assert wait_for(lambda: len(hub.received) == 2, client)
+    for _ in range(20):  # the update goes on; the actor keeps pumping
+        client.pump(10)
+    assert client.resent == 1 and hub.call(lambda h: h.counts["duplicate"]) == 0
+    assert list(client.outbox) == [held.group_id, lost.group_id]  # both still count against the window
+    hub.call(lambda h: h.consume(held.group_id, "trained") or h.consume(lost.group_id, "trained"))
+    assert wait_for(lambda: not client.outbox, client)
+    client.socket.close()
+    hub.stop()
+
+
+def test_at_shutdown_a_busy_actor_waits_for_acks_on_their_way_before_resending():
+    """An actor that was busy with a batch when the learner said shutdown gives the acks already on
+    their way `LEAVE_RESEND_S` from when it heard it, so an orderly shutdown resends nothing settled
+    (a clean 12-update run resent 20 groups, answered as duplicates, before); what is still
+    unacknowledged then is reconciled as before."""
+    from artmlx.protocol.client import LEAVE_RESEND_S
+    from artmlx.protocol.messages import Shutdown
+
+    hub = HubThread(hold=True, max_in_flight=8)
+    client = ActorClient(ActorSocket(hub.address), "a", heartbeat_s=0.1)
+    client.hello("fp")
+    pending = make_group()
+    client.outbox[pending.group_id] = encode(pending)  # sent seconds ago, just before a long batch
+    client.sent_at[pending.group_id] = time.monotonic() - 5.0
+    client.sent += 1
+    client._handle(Shutdown(reason="done"), True)  # heard when the batch ended
+    client.pump(10)
+    assert client.resent == 0  # its ack may be on the way
+    time.sleep(LEAVE_RESEND_S + 0.1)
+    client.pump(10)
+    assert client.resent == 1  # none came: reconcile
+    client.socket.close()
+    hub.stop()

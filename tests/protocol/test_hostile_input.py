@@ -10,7 +10,7 @@ import zmq
 
 from artmlx.protocol.client import ActorClient, ActorRefused, LearnerGone
 from artmlx.protocol.codec import encode
-from artmlx.protocol.messages import Hello
+from artmlx.protocol.messages import PROTOCOL_VERSION, Hello
 from artmlx.protocol.security import make_keys
 from artmlx.protocol.sockets import ActorSocket, LearnerSocket
 from tests.protocol.helpers import HubThread, make_group, wait_for
@@ -41,12 +41,12 @@ def test_fuzzed_frames_are_all_rejected_and_the_learner_stays_alive():
             frames = valid[:-1] if i % 2 else [*valid, b"extra"]
         else:  # wrong version, unknown types and hostile containers
             frames = [msgpack.packb(rng.choice([
-                {"type": "group", "version": 2, "id": "x", "body": {}},
-                {"type": "nope", "version": 1, "id": "x", "body": {}},
-                {"type": "hello", "version": 1, "id": "x", "body": {"actor": ["a"] * 10}},
+                {"type": "group", "version": PROTOCOL_VERSION + 1, "id": "x", "body": {}},
+                {"type": "nope", "version": PROTOCOL_VERSION, "id": "x", "body": {}},
+                {"type": "hello", "version": PROTOCOL_VERSION, "id": "x", "body": {"actor": ["a"] * 10}},
                 [1, 2, 3],
-                {"type": "hello", "version": 1, "id": "x", "body": {"actor": "a", "host": "h", "artmlx_version": "0",
-                                                                 "protocol_version": -5, "fingerprint": ""}},
+                {"type": "hello", "version": PROTOCOL_VERSION, "id": "x", "body": {
+                    "actor": "a", "host": "h", "artmlx_version": "0", "protocol_version": -5, "fingerprint": ""}},
             ]))]
         raw.send_multipart(frames)
         sent += 1
