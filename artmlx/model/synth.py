@@ -139,6 +139,18 @@ _QWEN3_COMMON = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "
 _QWEN3_MOE_COMMON = {**_QWEN3_COMMON, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
                      "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
 
+def _qwen35(**text) -> dict:
+    """Qwen3.5's published config: the wrapper, and its text tower with what every size shares."""
+    return {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "tie_word_embeddings": text["tie_word_embeddings"], "text_config": {
+                "model_type": "qwen3_5_text", "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 248320,
+                "max_position_embeddings": 262144, "attn_output_gate": True, "full_attention_interval": 4,
+                "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_conv_kernel_dim": 4, "rope_parameters": {
+                    "mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                    "rope_theta": 10000000, "partial_rotary_factor": 0.25}, **text}}
+
+
 # Shapes from the published config.json of each model.
 ARCHITECTURES: dict[str, tuple[Family, dict]] = {
     "qwen2.5-0.5b": (QWEN2, {**_QWEN_COMMON, "hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
@@ -166,32 +178,14 @@ ARCHITECTURES: dict[str, tuple[Family, dict]] = {
                               "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
                               "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
                               "tie_word_embeddings": False}),
-    # a hybrid in a multimodal wrapper: 18 Gated DeltaNet layers and 6 gated-attention layers (the text tower;
+    # hybrids in a multimodal wrapper: 3 Gated DeltaNet layers to each gated-attention layer (the text tower;
     # the vision encoder is not synthesised)
-    "qwen3.5-0.8b": (QWEN35, {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                              "tie_word_embeddings": True, "text_config": {
-                                  "model_type": "qwen3_5_text", "hidden_size": 1024, "intermediate_size": 3584,
-                                  "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                  "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 248320,
-                                  "max_position_embeddings": 262144, "tie_word_embeddings": True,
-                                  "attn_output_gate": True, "full_attention_interval": 4,
-                                  "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
-                                  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-                                  "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
-                                                      "rope_type": "default", "rope_theta": 10000000,
-                                                      "partial_rotary_factor": 0.25}}}),
-    "qwen3.5-9b": (QWEN35, {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                            "tie_word_embeddings": False, "text_config": {
-                                "model_type": "qwen3_5_text", "hidden_size": 4096, "intermediate_size": 12288,
-                                "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-                                "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 248320,
-                                "max_position_embeddings": 262144, "tie_word_embeddings": False,
-                                "attn_output_gate": True, "full_attention_interval": 4,
-                                "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-                                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-                                "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
-                                                    "rope_type": "default", "rope_theta": 10000000,
-                                                    "partial_rotary_factor": 0.25}}}),
+    "qwen3.5-0.8b": (QWEN35, _qwen35(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                                     num_attention_heads=8, num_key_value_heads=2, linear_num_value_heads=16,
+                                     tie_word_embeddings=True)),
+    "qwen3.5-9b": (QWEN35, _qwen35(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                                   num_attention_heads=16, num_key_value_heads=4, linear_num_value_heads=32,
+                                   tie_word_embeddings=False)),
     # sliding window: 5 of every 6 layers attend over the last 512 (1b) or 1,024 (4b) tokens; the 4b is a
     # multimodal wrapper (its vision tower is not synthesised)
     "gemma-3-1b": (GEMMA3, {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152,
