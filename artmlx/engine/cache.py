@@ -88,7 +88,9 @@ class LayerKV:
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs) -> mx.array:
         state = self.state
         if window_size is not None:
-            return self._window_mask(N, window_size)
+            if return_array or not self._window_covers(N, window_size):
+                return self._window_mask(N, window_size)
+            return None if N == 1 else "causal"
         if state.dense and not return_array:
             return None if N == 1 else "causal"
         causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))
@@ -96,6 +98,14 @@ class LayerKV:
         old = mx.broadcast_to(state.valid[:, None, None, :used], (rows, 1, N, used))
         new = mx.broadcast_to(causal[None, None], (rows, 1, N, N))
         return mx.concatenate([old, new], axis=-1)
+
+    def _window_covers(self, N: int, window: int) -> bool:
+        """Whether, in a dense cache, a window layer's every buffered slot and the chunk lie inside every
+        query's window, so that the window mask equals the causal one (no mask array: MLX's fused attention
+        serves it; on CUDA an array mask sends decode attention to the unfused path)."""
+        state = self.state
+        return (state.dense and not state.window_dropped.any()
+                and state.used + N - 1 - state.window_base < window)
 
     def _window_mask(self, N: int, window: int) -> mx.array:
         """A sliding-window layer's mask: a query at position q sees the real slots at positions

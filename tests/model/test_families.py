@@ -326,6 +326,43 @@ def test_window_layers_hold_only_what_a_row_can_still_see(folders, family):
         np.testing.assert_allclose(logprobs[row], expected, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_a_dense_cache_inside_the_window_gives_window_layers_no_mask_array(folders, family):
+    """Window 8: a sequence whose every slot lies inside every query's window gives the window layers None /
+    "causal" (MLX's fused attention), with the logits of the array-masked path exactly; from the step where
+    the oldest slot leaves the window, and in a ragged cache, they get the window mask array again."""
+    from artmlx.engine.cache import LayerKV
+    from artmlx.engine.cache import make_ragged_cache
+    from artmlx.engine.generate import Engine
+    from tests.engine.test_generate import _decode_logits
+
+    model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
+    sequence, steps = [5, 17, 3, 9], [7, 42, 9, 11, 2, 30]  # 4 + 6 slots: the last steps pass the window of 8
+    seen = []
+    original = LayerKV.make_mask
+
+    def recording(self, N, return_array=False, window_size=None, **kwargs):
+        mask = original(self, N, return_array, window_size=window_size, **kwargs)
+        if window_size is not None:
+            seen.append((self.state.used, N, None if mask is None or isinstance(mask, str) else mask.shape))
+        return mask
+
+    LayerKV.make_mask = recording
+    try:
+        fast = _decode_logits(model, make_ragged_cache(model, 1), sequence, steps, array_masks=False)
+    finally:
+        LayerKV.make_mask = original
+    # the prefill (4 slots) and the steps up to slot 7 need no array; the step at slot 8 does (8 - 0 >= 8)
+    assert [shape is None for used, n, shape in seen] == [used + n - 1 < 8 for used, n, _ in seen]
+    assert any(shape is None for *_, shape in seen) and any(shape is not None for *_, shape in seen)
+    exact = _decode_logits(model, make_ragged_cache(model, 1), sequence, steps, array_masks=True)
+    assert np.array_equal(fast, exact)
+
+    ragged = make_ragged_cache(model, 2)
+    Engine(model).prefill(ragged, [[3, 4, 5], [6, 7]])
+    assert isinstance(ragged.layers[0].make_mask(1, window_size=8), mx.array)
+
+
 def test_window_layers_trim_through_joins_compaction_and_prefix_hits(folders):
     """The scheduler on Gemma 3 with 4-slot blocks: rows join (caches trimmed to different slots),
     long rows leave (compaction moves their dropped slots to the front as zeros), and follow-up turns

@@ -1,0 +1,24 @@
+# Sourced on the lent H200 from the project's root (after part A of the CUDA build was staged in
+# /root/stage; see ../shared/gpu/README.md): installs MLX CUDA and the extra wheels, and defines
+# `step NAME SECONDS COMMAND...`, which runs one measurement under its own timeout, appends its
+# output to $OUT/log.txt and, if it is still running after half its time, appends a py-spy dump of
+# where every thread is.
+source .gpuB/install.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpuC/*.whl .gpuD/*.whl 2>&1 | tail -2
+export PYTHONPATH=$PYTHONPATH:/tmp/site2 PATH=$PATH:/tmp/site2/bin
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+step() {
+  local name=$1 seconds=$2; shift 2
+  echo "== $name (limit ${seconds}s) $(date +%T)" | tee -a $OUT/log.txt
+  timeout "$seconds" "$@" >>$OUT/log.txt 2>&1 &
+  local pid=$!
+  ( sleep $((seconds / 2)); if kill -0 $pid 2>/dev/null; then
+      echo "-- py-spy at $((seconds / 2))s" >>$OUT/log.txt
+      for child in $(pgrep -P $pid); do py-spy dump --pid $child >>$OUT/log.txt 2>&1; done
+    fi ) &
+  local spy=$!
+  wait $pid; local rc=$?
+  kill $spy 2>/dev/null
+  echo "== $name rc=$rc $(date +%T)" | tee -a $OUT/log.txt
+  tail -4 $OUT/log.txt
+}
