@@ -37,7 +37,7 @@ Hardening (an actor with a valid key may be buggy or hostile):
 - an actor gets the adapter only after a hello with the run's fingerprint (it loaded the model);
   at most `max_actors` are known at once (the oldest that never loaded the model makes room for a
   newcomer, so hello floods cannot lock actors out); departed actors' counts beyond `MAX_DEPARTED` are folded
-  into one total; consumed group ids are forgotten after `CONSUMED_KEPT_VERSIONS` versions (a
+  into one total (`sessions.Sessions`); consumed group ids are forgotten after `CONSUMED_KEPT_VERSIONS` versions (a
   resend of one is then dropped as stale instead of answered as a duplicate);
 - names and stats are typed and made printable before anything stores or shows them.
 """
@@ -48,44 +48,26 @@ import collections
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .admission import GroupLimits, group_problem, printable, typed_stats
 from .codec import encode
 from .flow import RequestRate, Windows, counted_as, group_rate, record_arrival
-from .ledger import balance
+from .ledger import GroupBook
 from .messages import (PROTOCOL_VERSION, Ack, AdapterUpdate, Heartbeat, Held, Hello, Refuse, Shutdown, StatusReply,
                        StatusRequest, TrajectoryGroup, Welcome)
+from .sessions import ActorInfo, Sessions
 from .sockets import Undelivered
 from .transport import HubTransport
 
 REJOIN = ""  # the session a learner answers an actor it does not know with
 POLL_MAX_MESSAGES = 512
-MAX_DEPARTED = 1024
 CONSUMED_KEPT_VERSIONS = 64  # about 64 updates' group ids: a resend after a long cut is still a duplicate
-LEDGER_KEYS = ("groups_sent", "groups_resent", "groups_unacked")
-
-
-@dataclass
-class ActorInfo:
-    identity: bytes
-    name: str
-    host: str
-    index: int
-    joined: float
-    last_seen: float
-    policy_version: int = 0
-    adapter_sent: int = -1
-    stats: dict = field(default_factory=dict)
-    in_flight: int = 0
-    heard: float = 0.0  # the hub's listening clock when this actor was last heard
-    loaded: bool = False  # said hello with the run's fingerprint: it has the model and may get adapters
-    told: list = field(default_factory=list)  # (time, window) told recently, for enforcing the window
-    arrivals: collections.deque = field(default_factory=collections.deque)  # when its groups came (flow.group_rate)
-    trained: int = 0
 
 
 class LearnerHub:
+    """The socket loop over the plain-data parts: `Sessions` (who is connected), `GroupBook` (which groups
+    are held or settled, the counts), `flow.Windows` (admission windows) and `admission` (group checks)."""
+
     def __init__(self, socket: HubTransport, run_config: dict, fingerprint: str,
                  max_in_flight: int | Callable[[int, int], int] = 4,
                  actor_timeout_s: float = 60.0, consumed: dict[str, int] | set[str] | None = None,
@@ -99,23 +81,32 @@ class LearnerHub:
         self.share = share
         self.actor_timeout_s = actor_timeout_s
         self.session = uuid.uuid4().hex
-        self.actors: dict[bytes, ActorInfo] = {}
-        # Group id -> policy version it was sampled at (a legacy checkpoint's plain list: version 0).
-        self.consumed: dict[str, int] = dict(consumed) if isinstance(consumed, dict) else dict.fromkeys(consumed or (), 0)
+        self.sessions = Sessions(max_actors)
+        self.book = GroupBook(consumed)  # group id -> the policy version it was sampled at, once settled
         self.limits = limits  # None: schema checks only (protocol unit tests); the learner always sets them
-        self.max_actors = max_actors
-        self.waiting: dict[str, bytes] = {}
         self.policy_version = 0
-        self._next_index = 0
-        self.counts = collections.Counter()
         self.closing: str | None = None
         self.extra_status: dict = {}
-        self.departed: dict[bytes, dict] = {}  # last stats of actors that left or were lost, for the ledger
-        self.departed_totals: collections.Counter = collections.Counter()  # of those beyond MAX_DEPARTED
         # Seconds spent inside poll(): silence is only held against an actor while the hub listened,
         # so a learner busy for longer than the timeout (a long eval) does not lose its actors.
         self._listened = 0.0
         self._poll_started: float | None = None
+
+    @property
+    def actors(self) -> dict[bytes, ActorInfo]:
+        return self.sessions.actors
+
+    @property
+    def consumed(self) -> dict[str, int]:
+        return self.book.consumed
+
+    @property
+    def waiting(self) -> dict[str, bytes]:
+        return self.book.waiting
+
+    @property
+    def counts(self) -> collections.Counter:
+        return self.book.counts
 
     def poll(self, timeout_ms: int) -> list[tuple[ActorInfo, TrajectoryGroup]]:
         """Handle traffic for up to `timeout_ms`; return the new groups that arrived."""
@@ -174,18 +165,15 @@ class LearnerHub:
             return None
         self._heard(info)
         if isinstance(message, Heartbeat) and message.stats.get("leaving") is True:
-            self._depart(identity, typed_stats(message.stats))  # at shutdown, or on its own (a signal): let it go
+            self.sessions.depart(identity, typed_stats(message.stats))  # at shutdown, or on its own (a signal): let it go
             return None
         if self.closing is not None:
             # Shutting down: every group is acknowledged (a copy of a consumed one as duplicate: its ack was
             # lost), so actors leave holding nothing.
-            if isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
-                self.counts["duplicate"] += 1
+            if isinstance(message, TrajectoryGroup) and self.book.arrival(message.group_id, identity) == "consumed":
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
             elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
-                self.consumed[message.group_id] = message.policy_version
-                self.counts["received"] += 1
-                self.counts["stale"] += 1
+                self.book.settle(message.group_id, "stale", message.policy_version)
                 self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
                 self.socket.send(identity, Shutdown(reason=self.closing))
@@ -216,25 +204,13 @@ class LearnerHub:
             self.socket.rejections.reject("refused", reason, hello.actor)
             self.socket.send(identity, Refuse(reason=reason))
             return
-        info = self.actors.get(identity)
-        if info is None and len(self.actors) >= self.max_actors:
-            # Make room by forgetting the oldest actor that never loaded the model: a flood of hellos cannot
-            # lock honest actors out (one evicted while loading is simply welcomed again at its next hello).
-            pending = next((key for key, known in self.actors.items() if not known.loaded), None)
-            if pending is not None:
-                del self.actors[pending]
-                self.counts["pending_evicted"] += 1
-        if info is None and len(self.actors) >= self.max_actors:
-            reason = f"the learner already has {self.max_actors} actors (max_actors)"
+        info, evicted = self.sessions.join(identity, printable(hello.actor), printable(hello.host), time.monotonic())
+        self.counts["pending_evicted"] += evicted
+        if info is None:
+            reason = f"the learner already has {self.sessions.max_actors} actors (max_actors)"
             self.socket.rejections.reject("refused", reason, printable(hello.actor))
             self.socket.send(identity, Refuse(reason=reason))
             return
-        if info is None:
-            now = time.monotonic()
-            info = ActorInfo(identity, printable(hello.actor), printable(hello.host), self._next_index, now, now)
-            self._next_index += 1
-            self.actors[identity] = info
-            self.departed.pop(identity, None)  # an expired actor rejoining: its counts are current again
         self._heard(info)
         info.loaded = info.loaded or hello.fingerprint == self.fingerprint
         self.socket.send(identity, Welcome(session=self.session, run_config=self.run_config,
@@ -245,16 +221,13 @@ class LearnerHub:
             self._send_adapter(info)  # only if this actor does not have the current one yet
 
     def _group(self, info: ActorInfo, group: TrajectoryGroup):
-        if group.group_id in self.consumed:
-            self.counts["duplicate"] += 1
+        seen = self.book.arrival(group.group_id, info.identity)
+        if seen == "consumed":
             self.socket.send(info.identity, Ack(group.group_id, "duplicate", "already consumed"))
             return None
-        if group.group_id in self.waiting:  # its Held was lost, or it was resent after a reconnect
-            self.counts["duplicate"] += 1
-            self.waiting[group.group_id] = info.identity
+        if seen == "waiting":
             self.socket.send(info.identity, Held(group.group_id))
             return None
-        self.counts["received"] += 1  # a group's first arrival; copies are duplicates
         reason = ""
         if not info.loaded:
             reason = "say hello with the run's fingerprint (after loading the model) before sending groups"
@@ -267,12 +240,11 @@ class LearnerHub:
         elif self.limits is not None:
             reason = group_problem(group, self.limits, info.name)
         if reason:
-            self.consumed[group.group_id] = group.policy_version
+            self.book.settle(group.group_id, "rejected", group.policy_version)
             self.socket.rejections.reject("out_of_range", reason, info.name)
-            self.counts["rejected"] += 1
             self.socket.send(info.identity, Ack(group.group_id, "rejected", reason))
             return None
-        self.waiting[group.group_id] = info.identity
+        self.book.hold(group.group_id, info.identity)
         self.socket.send(info.identity, Held(group.group_id))
         info.in_flight += 1
         record_arrival(info.arrivals, time.monotonic())
@@ -281,9 +253,7 @@ class LearnerHub:
 
     def consume(self, group_id: str, status: str, reason: str = "", policy_version: int = 0) -> None:
         """The caller is done with a group (trained, stale, rejected): acknowledge it to its actor."""
-        identity = self.waiting.pop(group_id, None)
-        self.consumed[group_id] = policy_version
-        self.counts[status] += 1
+        identity = self.book.settle(group_id, status, policy_version)
         self.windows.last_progress = self._listening_clock()  # progress: the stall clock starts again
         if identity is None:
             return
@@ -291,40 +261,26 @@ class LearnerHub:
         if info is not None:
             info.in_flight = max(0, info.in_flight - 1)
             info.trained += status == "trained"
-        elif identity in self.departed:  # lost: its last report still holds this group as unacknowledged
-            stats = self.departed[identity]
-            stats["groups_unacked"] = max(0, int(stats.get("groups_unacked", 0)) - 1)
+        else:  # lost: its last report still holds this group as unacknowledged
+            self.sessions.settle_departed(identity)
         self.socket.send(identity, Ack(group_id, status, reason))
 
     def window(self, info: ActorInfo | None = None) -> int:
         """An actor's flow-control window now (`flow.Windows`); the plain rule's without an actor."""
-        producers = self.counted_as(info) if info is not None else self.producers()
+        producers = self.counted_as(info) if info is not None else self.sessions.producers()
         return self.windows.size(producers, len(self.waiting), self._listening_clock(), info)
 
     def counted_as(self, info: ActorInfo) -> float:
         """The producers this actor's share divides an update by: weighted by measured rates (`flow.counted_as`)."""
         now = time.monotonic()
-        return counted_as([group_rate(a.arrivals, now) for a in self.actors.values() if a.loaded],
+        return counted_as([group_rate(a.arrivals, now) for a in self.sessions.loaded()],
                           group_rate(info.arrivals, now))
 
     def producers(self) -> int:
-        """Actors that loaded the model (the ones that can produce groups), at least 1."""
-        return max(1, sum(1 for info in self.actors.values() if info.loaded))
-
-    def _depart(self, identity: bytes, stats: dict) -> None:
-        self.actors.pop(identity, None)
-        self.departed.pop(identity, None)
-        self.departed[identity] = stats
-        while len(self.departed) > MAX_DEPARTED:
-            oldest = next(iter(self.departed))
-            self.departed_totals.update({k: v for k, v in self.departed.pop(oldest).items() if k in LEDGER_KEYS})
+        return self.sessions.producers()
 
     def forget_consumed(self, before_version: int) -> int:
-        """Drop consumed ids sampled before `before_version` (their resends are stale anyway)."""
-        old = [group_id for group_id, version in self.consumed.items() if version < before_version]
-        for group_id in old:
-            del self.consumed[group_id]
-        return len(old)
+        return self.book.forget_consumed(before_version)
 
     def status(self) -> dict:
         """What `artmlx status` prints: counters, and per actor its version, liveness and stats."""
@@ -340,23 +296,15 @@ class LearnerHub:
 
     def ledger(self) -> dict:
         """Where every group the actors sent ended up (`ledger.balance` says how it is reckoned)."""
-        sent, in_flight, resent = (int(self.departed_totals.get(key, 0) + sum(self._reported(key)))
-                                   for key in ("groups_sent", "groups_unacked", "groups_resent"))
-        return balance(sent, resent, in_flight, self.counts)
+        return self.sessions.ledger(self.counts)
 
     def actor_totals(self, keys) -> dict:
         """Each of `keys` summed over every actor's last stats, live or departed (only those that report it)."""
-        return {key: sum(values) for key in keys if (values := self._reported(key))}
+        return {key: sum(values) for key in keys if (values := self.sessions.reported(key))}
 
     def actor_memory(self) -> list[float]:
         """Peak memory (GB) each actor reported, live or departed."""
-        return [round(float(peak), 3) for peak in self._reported("peak_memory_gb")]
-
-    def _reported(self, key: str) -> list:
-        """`key` from the last stats of every actor, departed or live, that reported it (stats are typed on
-        receipt, `admission.typed_stats`: numeric keys hold finite non-negative numbers)."""
-        return [stats[key] for stats in (*self.departed.values(), *(info.stats for info in self.actors.values()))
-                if key in stats]
+        return [round(float(peak), 3) for peak in self.sessions.reported("peak_memory_gb")]
 
     def publish(self, policy_version: int, tensors: dict) -> int:
         """Send a new adapter to every live actor; returns how many got it now."""
@@ -373,10 +321,9 @@ class LearnerHub:
         return False
 
     def _expire(self) -> None:
-        cutoff = self._listening_clock() - self.actor_timeout_s
-        for identity in [i for i, info in self.actors.items() if info.heard < cutoff]:
+        for identity in self.sessions.silent(self._listening_clock() - self.actor_timeout_s):
             self.counts["actors_lost"] += 1
-            self._depart(identity, self.actors[identity].stats)
+            self.sessions.depart(identity, self.actors[identity].stats)
 
     def shutdown(self, reason: str, drain_s: float = 30.0) -> int:
         """Tell every actor to stop, and wait (up to `drain_s`) until each that loaded the model has said

@@ -10,6 +10,8 @@ Counts restart with a learner process, so after `--resume` the ledger covers thi
 
 from __future__ import annotations
 
+import collections
+
 SETTLED = ("trained", "stale", "rejected")
 
 
@@ -18,3 +20,46 @@ def balance(sent: int, resent: int, in_flight: int, counts: dict) -> dict:
     settled = sum(counts.get(key, 0) for key in SETTLED)
     return {"groups_sent": sent, "groups_resent": resent, "groups_in_flight": in_flight,
             "groups_unaccounted": sent - settled - in_flight}
+
+
+class GroupBook:
+    """Every group id the hub has answered: held for the learner (`waiting`, with the actor that sent it) or
+    settled (`consumed`, with the policy version it was sampled at), and the counts of both.
+
+    `received` counts a group's first arrival, `duplicate` its copies; a group settles once, as trained,
+    stale or rejected. Plain data: the hub's socket loop drives it, its unit tests read it."""
+
+    def __init__(self, consumed: dict[str, int] | set[str] | None = None):
+        # a legacy checkpoint's plain list of ids: version 0
+        self.consumed: dict[str, int] = dict(consumed) if isinstance(consumed, dict) else dict.fromkeys(consumed or (), 0)
+        self.waiting: dict[str, bytes] = {}
+        self.counts: collections.Counter = collections.Counter()
+
+    def arrival(self, group_id: str, identity: bytes) -> str:
+        """Count a group as it arrives: "consumed" (a copy of a settled one), "waiting" (a copy of a held one,
+        now answered to `identity`), or "new" (its first arrival)."""
+        if group_id in self.consumed:
+            self.counts["duplicate"] += 1
+            return "consumed"
+        if group_id in self.waiting:  # its Held was lost, or it was resent after a reconnect
+            self.counts["duplicate"] += 1
+            self.waiting[group_id] = identity
+            return "waiting"
+        self.counts["received"] += 1
+        return "new"
+
+    def hold(self, group_id: str, identity: bytes) -> None:
+        self.waiting[group_id] = identity
+
+    def settle(self, group_id: str, status: str, policy_version: int = 0) -> bytes | None:
+        """Settle a group (trained, stale, rejected); returns the actor holding it, if it was waiting."""
+        self.consumed[group_id] = policy_version
+        self.counts[status] += 1
+        return self.waiting.pop(group_id, None)
+
+    def forget_consumed(self, before_version: int) -> int:
+        """Drop settled ids sampled before `before_version` (their resends are stale anyway)."""
+        old = [group_id for group_id, version in self.consumed.items() if version < before_version]
+        for group_id in old:
+            del self.consumed[group_id]
+        return len(old)
