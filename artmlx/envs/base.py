@@ -22,8 +22,9 @@ Environments are looked up by registry name (`tictactoe`, `arithmetic`, `synthet
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, NamedTuple, Protocol
+
+from ..user_code import load_object
 
 
 class StepResult(NamedTuple):
@@ -52,20 +53,14 @@ def registry() -> dict[str, str]:
 
 
 def env_class(spec: str) -> type:
-    """Resolve a registry name or `module:Class` into the environment class."""
+    """Resolve a registry name, `module:Class` or `path/to/file.py:Class` into the environment class."""
     target = registry().get(spec, spec)
     if ":" not in target:
         raise ValueError(
             f"env {spec!r} is neither a built-in ({', '.join(registry())}) nor of the form module:Class"
         )
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"env {spec!r}: cannot import module {module_name!r} ({error})") from error
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ValueError(f"env {spec!r}: module {module_name!r} has no attribute {class_name!r}")
+    cls = load_object(target, "env")
+    class_name = target.rpartition(":")[2]
     for method in ("reset", "step"):
         if not callable(getattr(cls, method, None)):
             raise ValueError(f"env {spec!r}: {class_name} has no {method}() method")

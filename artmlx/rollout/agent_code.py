@@ -15,17 +15,14 @@ each failure is a `RolloutLoadError` naming the spec and the cause (the command 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import json
-import os
-import sys
-import traceback
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from .. import user_code
 
 
 class RolloutLoadError(ValueError):
@@ -33,32 +30,8 @@ class RolloutLoadError(ValueError):
 
 
 def load_object(spec: str, what: str):
-    """`module:name` or `path/to/file.py:name`; the working directory is importable."""
-    module_name, _, name = spec.rpartition(":")
-    if not module_name or not name:
-        raise RolloutLoadError(f"{what} {spec!r} must be module:name or path/to/file.py:name")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            loaded = importlib.util.spec_from_file_location(path.stem, path)
-            if loaded is None or not path.exists():
-                raise RolloutLoadError(f"{what} {spec!r}: there is no file {path}")
-            module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except RolloutLoadError:
-        raise
-    except Exception as error:  # the user's module failed while importing: say where, not a traceback of ours
-        frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
-        where = f" at {frame.filename}:{frame.lineno}" if frame else ""
-        raise RolloutLoadError(f"{what} {spec!r}: importing {module_name!r} failed{where}: "
-                               f"{type(error).__name__}: {error}") from error
-    if not hasattr(module, name):
-        raise RolloutLoadError(f"{what} {spec!r}: {module_name!r} has no {name!r}")
-    return getattr(module, name)
+    """`module:name` or `path/to/file.py:name` (`user_code.load_object`), failures as `RolloutLoadError`."""
+    return user_code.load_object(spec, what, RolloutLoadError)
 
 
 def load_rollout(spec: str) -> Callable:
