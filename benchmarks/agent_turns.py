@@ -21,7 +21,6 @@ Without `--model` it builds Qwen2.5's 151,936-token BPE over two small random la
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import os

@@ -36,10 +36,11 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig, validate
-from ..engine.memory import apply_limits, plan_for, resolve_budget
+from ..engine.loading import open_policy
+from ..engine.memory import apply_limits, resolve_budget
 from ..envs.base import make_env
 from ..seeds import EVAL_SEED_BASE
-from ..model.policy import LoraSpec, fingerprint, load_policy
+from ..model.policy import LoraSpec, fingerprint
 from ..protocol.client import ActorClient, LearnerGone
 from ..protocol.codec import to_mlx
 from ..protocol.convert import group_to_message
@@ -192,9 +193,9 @@ class ActorService:
     def _rollouts(self, config: TrainConfig, spec: LoraSpec, budget: int) -> Rollouts:
         """The environment's batched rollouts, or with `rollout` the agent's against an in-process server."""
         if not config.rollout:
-            model, tokenizer, _ = load_policy(config.model, spec)
-            return EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
-                                   SamplingParams.from_config(config), plan_for(model, budget), tick=self._tick)
+            opened = open_policy(config.model, spec, budget / 2**30)
+            return EpisodeRollouts(opened.model, opened.tokenizer, lambda: make_env(config.env, config.env_args),
+                                   SamplingParams.from_config(config), opened.plan, tick=self._tick)
         from ..rollout.agents import agent_rollouts
 
         rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size

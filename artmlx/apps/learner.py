@@ -29,7 +29,7 @@ from ..envs.base import make_env, outcomes_of
 from ..rollout.evaluation import evaluate, evaluate_agent
 from ..metrics import check_sinks, open_metrics
 from ..model.families import vocab_size
-from ..model.policy import LoraSpec, adapter_weights, fingerprint, save_adapters
+from ..model.policy import LoraSpec, adapter_weights, fingerprint
 from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
@@ -37,7 +37,7 @@ from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
-from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_state
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from .learner_view import LiveView
@@ -197,7 +197,7 @@ class LearnerService:
         self.hub.forget_consumed(self.trainer.policy_version - kept)
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         return {
-            "step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
+            **self.trainer.position(), "time": self._now(),
             "tokens": sum(g.tokens for g in groups), "train_seconds": seconds,
             "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
             "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
@@ -229,8 +229,7 @@ class LearnerService:
         else:
             row = evaluate(self.eval_engine, self.config.eval_episodes, self.outcomes,
                            self.config.resolved_eval_temperature(), seed=self.config.seed)
-        self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version,
-                        "time": self._now(), **row})
+        self.log.write({**self.trainer.position(), "time": self._now(), **row})
         self._show(eval_score=row["eval_score"], eval_step=self.trainer.step)
         if self.echo and not self.view.live_enabled:
             print(format_status(self.hub.status()), flush=True)
@@ -258,10 +257,9 @@ class LearnerService:
     def _checkpoint(self) -> None:
         self._show(phase="checkpointing")
         self.checkpointed_step = self.trainer.step
-        save_checkpoint(self.run_dir, self.trainer, self.spec, self.config.model,
-                        {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items()))},
-                        keep=self.config.keep_checkpoints)
-        save_adapters(self.model, self.run_dir / "adapters", self.spec, self.config.model)
+        save_run_state(self.run_dir, self.trainer, self.spec, self.config.model,
+                       {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items()))},
+                       self.config.keep_checkpoints)
 
     def _finish(self) -> None:
         checkpoint_error = ""
@@ -274,8 +272,7 @@ class LearnerService:
         self._show(phase="stopping actors")
         unconfirmed = self.hub.shutdown(reason)
         self._show(phase=f"done: {reason}")
-        self.log.write({"step": self.trainer.step, "policy_version": self.trainer.policy_version, "time": self._now(),
-                        "final": True, **self._group_counts(), **self.hub.ledger(),
+        self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(), **self.hub.ledger(),
                         "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
                         **self.hub.actor_totals(AGENT_STATS),
                         "stop_reason": reason})

@@ -18,7 +18,7 @@ from ..envs.base import make_env, outcomes_of
 from ..rollout.evaluation import evaluate
 from ..seeds import step_key, step_seed, train_seeds
 from ..fast_blas import blas_description
-from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_state
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from ..metrics import check_sinks, open_metrics
@@ -56,8 +56,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
 
     def run_eval():
         row = evaluate(engine, config.eval_episodes, outcomes, eval_temperature, seed=config.seed)
-        log.write({"step": trainer.step, "policy_version": trainer.policy_version,
-                   "time": time.perf_counter() - started, **row})
+        log.write({**trainer.position(), "time": time.perf_counter() - started, **row})
 
     try:
         if trainer.step == 0 and config.eval_every:
@@ -74,7 +73,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             t2 = time.perf_counter()
             tokens = sum(g.tokens for g in groups)
             log.write({
-                "step": trainer.step, "policy_version": trainer.policy_version, "time": t2 - started,
+                **trainer.position(), "time": t2 - started,
                 "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
                 "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
                 # Per wall second of the whole update, as the learner reports it, so both modes compare.
@@ -87,10 +86,8 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             if config.eval_due(trainer.step):
                 run_eval()
             if config.checkpoint_due(trainer.step):
-                save_checkpoint(run_dir, trainer, spec, config.model,
-                                {"time": time.perf_counter() - started, "seed": config.seed},
-                                keep=config.keep_checkpoints)
-                save_adapters(model, run_dir / "adapters", spec, config.model)
+                save_run_state(run_dir, trainer, spec, config.model,
+                               {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
     finally:
         log.close()  # ends the W&B run, if any
     if not (run_dir / "adapters").exists():  # a resumed run that had nothing left to do

@@ -48,7 +48,6 @@ import mlx.core as mx
 from ..config import TrainConfig, load_config
 from ..learner.checkpoint import (ART_LAYOUT, checkpoint_dir, checkpoint_step, latest_checkpoint, list_checkpoints,
                                   load_checkpoint, save_checkpoint)
-from ..learner.grpo import LossSettings
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from ..model.families import vocab_size
@@ -310,13 +309,10 @@ class MLXBackend:
     def _train_step(self, model, groups: list[Group], settings: dict) -> tuple[dict, str | None]:
         """On the scheduler's thread: one GRPO update of the served model, then the new adapter swaps in."""
         trainer = self.trainer
-        trainer.config = replace(TrainerSettings.of(self.config), objective=settings["objective"],
-                                 eps_low=settings["eps_low"], eps_high=settings["eps_high"],
-                                 scale_advantages=settings["scale_advantages"],
-                                 kl_coef=settings["kl_coef"], learning_rate=settings["learning_rate"])
-        trainer.settings = LossSettings(settings["objective"], settings["eps_low"], settings["eps_high"],
-                                        settings["kl_coef"])
-        trainer.optimizer.learning_rate = settings["learning_rate"]
+        trainer.apply(replace(TrainerSettings.of(self.config), objective=settings["objective"],
+                              eps_low=settings["eps_low"], eps_high=settings["eps_high"],
+                              scale_advantages=settings["scale_advantages"],
+                              kl_coef=settings["kl_coef"], learning_rate=settings["learning_rate"]))
         scheduler = self.server.scheduler
         scheduler.load_current()  # train from the adapter being served
         if groups:

@@ -90,6 +90,15 @@ def save_checkpoint(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_mo
     return final
 
 
+def save_run_state(run_dir: Path, trainer: GRPOTrainer, spec: LoraSpec, base_model: str, extra: dict,
+                   keep: int = 2) -> Path:
+    """What both training commands save at a checkpoint: the checkpoint (`save_checkpoint`), then the run's
+    `adapters/` folder, the latest adapters as `artmlx serve --adapters` and ART's backend load them."""
+    path = save_checkpoint(run_dir, trainer, spec, base_model, extra, keep=keep)
+    save_adapters(trainer.model, Path(run_dir) / "adapters", spec, base_model)
+    return path
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -54,7 +54,6 @@ class GRPOTrainer:
         self.config = config
         self.plan = plan
         self.parts = model_parts(model)
-        self.settings = LossSettings(config.objective, config.eps_low, config.eps_high, config.kl_coef)
         self.optimizer = optim.AdamW(
             learning_rate=config.learning_rate,
             betas=list(config.adam_betas),
@@ -67,6 +66,24 @@ class GRPOTrainer:
         grad_step = lambda *arrays: value_and_grad(model, *arrays)  # noqa: E731
         # Compiled per input shape; batching pads lengths to `pad_multiple` to keep shapes few.
         self._grad_step = mx.compile(grad_step, inputs=[model.state], outputs=[model.state]) if config.compile_step else grad_step
+
+    @property
+    def settings(self) -> LossSettings:
+        """The loss's settings, derived from the trainer's (so `apply` changes both at once)."""
+        config = self.config
+        return LossSettings(config.objective, config.eps_low, config.eps_high, config.kl_coef)
+
+    def apply(self, config: TrainerSettings) -> None:
+        """Train from now on with `config` (ART sends the loss and learning rate with every step); the
+        optimizer's state is kept, its learning rate follows."""
+        if not isinstance(config, TrainerSettings):
+            raise TypeError(f"apply takes TrainerSettings, not {type(config).__name__}")
+        self.config = config
+        self.optimizer.learning_rate = config.learning_rate
+
+    def position(self) -> dict:
+        """Where training stands, as every metrics row starts: updates done and the policy version."""
+        return {"step": self.step, "policy_version": self.policy_version}
 
     def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
               behaviour, advantages, mask, weights, base_logp=None):

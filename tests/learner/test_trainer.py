@@ -188,3 +188,16 @@ def test_flat_groups_count_in_the_sequence_denominators():
             trainer = GRPOTrainer(fresh, trainer_settings({"normalization": normalization}))
             norms.append(trainer.train_step(groups)["grad_norm"])
         np.testing.assert_allclose(norms[1], norms[0] / 2, rtol=1e-4)  # 8 episodes in the update, not 4
+
+
+def test_apply_changes_the_loss_and_the_learning_rate_together_and_keeps_the_optimizer_state():
+    from dataclasses import replace
+
+    model, _ = tiny_policy()
+    trainer = GRPOTrainer(model, trainer_settings({"learning_rate": 1e-4}))
+    state_before = trainer.optimizer.state
+    trainer.apply(replace(trainer.config, objective="cispo", eps_high=0.4, kl_coef=0.1, learning_rate=3e-5))
+    assert (trainer.settings.objective, trainer.settings.eps_high, trainer.settings.kl_coef) == ("cispo", 0.4, 0.1)
+    assert abs(trainer.optimizer.learning_rate.item() - 3e-5) < 1e-12 and trainer.optimizer.state is state_before
+    with pytest.raises(TypeError, match="TrainerSettings"):
+        trainer.apply({"learning_rate": 1.0})
