@@ -15,9 +15,7 @@ import struct
 from pathlib import Path
 
 from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
-from ..model.parts import SPLIT_MODEL_TYPES
-from .memory import (GB, MemoryPlan, ModelShape, device_kind, global_attention, recurrent_layout, slots_for,
-                     window_layout)
+from .memory import GB, MemoryPlan, ModelShape, device_kind, slots_for
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
                   "embed_audio", "visual.")
@@ -86,19 +84,7 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
                 count = shape[0] * shape[1] * 32 // bits
                 if count >= DEQUANT_MIN_WEIGHTS:
                     dense += count * activation_bytes
-    heads = text["num_attention_heads"]
-    recurrent, state_bytes = recurrent_layout(text, activation_bytes)
-    windowed, window = window_layout(text)
-    global_kv_heads, global_head_dim = global_attention(text)
-    return ModelShape(chunked_head=text.get("model_type") in SPLIT_MODEL_TYPES, recurrent_layers=recurrent,
-                      state_bytes_per_row=state_bytes, window_layers=windowed, window=window,
-                      global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
-                      kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"],
-                      hidden=text["hidden_size"],
-                      intermediate=text.get("intermediate_size", 4 * text["hidden_size"]), heads=heads,
-                      kv_heads=text.get("num_key_value_heads") or heads,
-                      head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
-                      activation_bytes=activation_bytes, weight_bytes=weight_bytes, dense_copy_bytes=dense)
+    return ModelShape.from_config(text, activation_bytes, weight_bytes, dense)
 
 
 def estimate(model: str, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,

@@ -194,27 +194,34 @@ class ModelShape:
     @classmethod
     def of(cls, model: nn.Module) -> "ModelShape":
         args = text_args(model)  # a multimodal checkpoint's language model
-        heads = args.num_attention_heads
-        head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
         floats = [v for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)]
         # The compute dtype is that of the base's largest float tensor (LoRA's float32 adapters are small).
         activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
-        recurrent, state_bytes = recurrent_layout({"model_type": getattr(args, "model_type", ""), **vars(args)},
-                                                  activation_bytes)
-        windows = window_layers(model)
-        global_kv_heads, global_head_dim = global_attention({"model_type": getattr(args, "model_type", ""),
-                                                             **vars(args)})
-        return cls(chunked_head=getattr(args, "model_type", None) in SPLIT_MODEL_TYPES,
-                   recurrent_layers=recurrent, state_bytes_per_row=state_bytes, window_layers=len(windows),
-                   window=max(windows.values(), default=0), global_kv_heads=global_kv_heads,
-                   global_head_dim=global_head_dim,
-                   kv_shared_layers=getattr(args, "num_kv_shared_layers", 0) or 0, layers=args.num_hidden_layers, hidden=args.hidden_size,
-                   intermediate=getattr(args, "intermediate_size", 4 * args.hidden_size), heads=heads,
-                   kv_heads=getattr(args, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                   vocab=args.vocab_size, activation_bytes=activation_bytes,
-                   weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
-                   dense_copy_bytes=sum(dense_weight_count(m) * activation_bytes for _, m in model.named_modules()
-                                        if getattr(m, "dequant_rows", 0)))
+        windows = window_layers(model)  # the loaded model's own sliding-window layers
+        return cls.from_config({"model_type": getattr(args, "model_type", ""), **vars(args)}, activation_bytes,
+                               weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+                               dense_copy_bytes=sum(dense_weight_count(m) * activation_bytes
+                                                    for _, m in model.named_modules() if getattr(m, "dequant_rows", 0)),
+                               windows=(len(windows), max(windows.values(), default=0)))
+
+    @classmethod
+    def from_config(cls, text: dict, activation_bytes: int, weight_bytes: int, dense_copy_bytes: int,
+                    windows: tuple[int, int] | None = None) -> "ModelShape":
+        """The shape from a language model's config (a loaded model's arguments, or a folder's config.json:
+        `estimate.shape_from_tensors`), its compute width and its bytes; `windows` (window layers, widest
+        window) where the loaded model says, else read from the config (`window_layout`)."""
+        heads = text["num_attention_heads"]
+        recurrent, state_bytes = recurrent_layout(text, activation_bytes)
+        window_count, window = windows if windows is not None else window_layout(text)
+        global_kv_heads, global_head_dim = global_attention(text)
+        return cls(chunked_head=text.get("model_type") in SPLIT_MODEL_TYPES, recurrent_layers=recurrent,
+                   state_bytes_per_row=state_bytes, window_layers=window_count, window=window,
+                   global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
+                   kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"],
+                   hidden=text["hidden_size"], intermediate=text.get("intermediate_size", 4 * text["hidden_size"]),
+                   heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
+                   head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
+                   activation_bytes=activation_bytes, weight_bytes=weight_bytes, dense_copy_bytes=dense_copy_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
