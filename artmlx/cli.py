@@ -289,12 +289,14 @@ def keygen(folder, actor):
 @click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder, if the learner uses keys.")
 @click.option("--actor-key", default="actor", show_default=True, help="Key pair name in --keys.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw state as JSON.")
-def status(address, keys, actor_key, as_json):
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds to wait for the learner's answer.")
+def status(address, keys, actor_key, as_json, timeout_s):
     """Print a running learner's state and its connected actors (ADDRESS like tcp://host:5555)."""
     from .protocol.status import format_status, query_status
 
     try:
-        state = query_status(address, Path(keys) if keys else None, actor_key)
+        state = query_status(address, Path(keys) if keys else None, actor_key, timeout_s)
     except (TimeoutError, FileNotFoundError) as error:
         _fail(error)
     click.echo(json.dumps(state, indent=2) if as_json else format_status(state))

@@ -26,7 +26,7 @@ import numpy as np
 from ..config import TrainConfig
 from ..engine.loading import open_policy
 from ..envs.base import make_env, outcomes_of
-from ..rollout.evaluation import evaluate, evaluate_agent
+from ..rollout.evaluation import evaluate, evaluate_agent, unevaluated_note
 from ..metrics import check_sinks, open_metrics
 from ..model.families import vocab_size
 from ..model.policy import LoraSpec, adapter_weights, fingerprint
@@ -54,6 +54,7 @@ class LearnerService:
             load_rollout(config.rollout)
             load_scenarios(config.scenarios)
             self.eval_scenarios = load_scenarios(config.eval_scenarios, "eval_scenarios")
+        self.unevaluated = unevaluated_note(config.rollout, config.eval_every, self.eval_scenarios, config.env)
         check_sinks(config)
         self.run_dir = prepare_run_dir(config, resume)
         self.spec = LoraSpec.from_config(config)
@@ -122,9 +123,8 @@ class LearnerService:
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
-            if self.config.rollout and self.config.eval_every and not self.eval_scenarios:
-                print("learner: an agent run is evaluated only on eval_scenarios (--eval-scenarios), and none are "
-                      f"given: no evaluation (env {self.config.env!r} is not the agent's task)", flush=True)
+            if self.unevaluated:
+                print(f"learner: {self.unevaluated}", flush=True)
         window_start, idle = time.perf_counter(), 0.0
         received_tokens = 0
         try:
@@ -219,7 +219,7 @@ class LearnerService:
             self._checkpoint()
 
     def _evaluate(self) -> None:
-        if self.config.rollout and not self.eval_scenarios:
+        if self.unevaluated:
             return  # said once at the start
         self._show(phase="evaluating")
         if self.config.rollout:

@@ -18,7 +18,7 @@ def query_status(address: str, keys: Path | None = None, actor_key: str = "actor
             reply = socket.receive(200)
             if isinstance(reply, StatusReply):
                 return reply.state
-        raise TimeoutError(f"no answer from a learner at {address} within {timeout_s:.0f} s "
+        raise TimeoutError(f"no answer from a learner at {address} within {timeout_s:g} s "
                            "(is it running? does it need --keys?)")
     finally:
         socket.close()

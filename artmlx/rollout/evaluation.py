@@ -97,3 +97,13 @@ def summarize_trajectories(trajectories: list) -> dict:
     return {**score_row(scores), "eval_reward_mean": float(np.mean([t.reward for t in played])) if played else 0.0,
             "eval_failed": len(trajectories) - len(played),
             **{f"eval_metric_{name}": float(np.mean(values)) for name, values in sorted(metrics.items())}}
+
+
+def unevaluated_note(rollout: str, eval_every: int, eval_scenarios: list, env: str) -> str | None:
+    """Why a run with evaluation switched on gets no evaluation rows, said once at its start; None if it is
+    evaluated. An agent run (`rollout`) is evaluated with the agent on its held-out scenarios only: the
+    run's `env` is not the agent's task."""
+    if rollout and eval_every and not eval_scenarios:
+        return ("an agent run is evaluated only on eval_scenarios (--eval-scenarios), and none are given: no "
+                f"evaluation (env {env!r} is not the agent's task)")
+    return None

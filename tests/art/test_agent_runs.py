@@ -77,13 +77,16 @@ def test_an_art_signature_rollout_trains_and_is_evaluated_on_its_eval_scenarios(
 
 
 @pytest.mark.slow
-def test_an_agent_run_without_eval_scenarios_says_it_is_not_evaluated(tmp_path):
-    run = tmp_path / "run"
-    result = artmlx("run", "--actors", "1", "--plain", "--out", str(run), "--steps", "1", "--rollout",
-                    "examples/tictactoe_rollout.py:rollout", *SMALL, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count("an agent run is evaluated only on eval_scenarios") == 1
-    assert not [r for r in read_metrics(run) if "eval_score" in r]
+def test_an_agent_run_without_eval_scenarios_is_said_to_be_not_evaluated():
+    """In-process (this was a whole `artmlx run`: the learner prints the note once at its start and its
+    `_evaluate` returns on the same note, so no evaluation row is written)."""
+    from artmlx.rollout.evaluation import unevaluated_note
+
+    note = unevaluated_note("examples/tictactoe_rollout.py:rollout", 5, [], "tictactoe")
+    assert note.startswith("an agent run is evaluated only on eval_scenarios") and "'tictactoe'" in note
+    assert unevaluated_note("agent.py:rollout", 5, [{"seed": 1}], "tictactoe") is None  # it has scenarios
+    assert unevaluated_note("agent.py:rollout", 0, [], "tictactoe") is None  # evaluation is off anyway
+    assert unevaluated_note("", 5, [], "tictactoe") is None  # an environment run is evaluated on its env
 
 
 @pytest.mark.slow

@@ -75,9 +75,9 @@ def test_an_actor_joining_a_closing_learner_is_told_to_stop():
 
 
 def test_status_lists_connected_actors_by_name():
-    import subprocess
-    import sys
+    from click.testing import CliRunner
 
+    from artmlx.cli import cli
     from artmlx.protocol.status import format_status, query_status
 
     hub = HubThread()
@@ -91,14 +91,13 @@ def test_status_lists_connected_actors_by_name():
     assert [a["name"] for a in state["actors"]] == ["mac-mini-1"]
     assert state["counts"]["trained"] == 1 and state["fingerprint"] == "fp"
     assert "mac-mini-1" in format_status(state)
-    printed = subprocess.run([sys.executable, "-m", "artmlx", "status", hub.address], capture_output=True, text=True,
-                             timeout=60)
-    assert printed.returncode == 0 and "mac-mini-1" in printed.stdout, printed.stderr
+    # the command itself, in this process (its own process adds only Python's start-up)
+    printed = CliRunner().invoke(cli, ["status", hub.address])
+    assert printed.exit_code == 0 and "mac-mini-1" in printed.output, printed.output
     client.socket.close()
     hub.stop()
-    silent = subprocess.run([sys.executable, "-m", "artmlx", "status", f"tcp://127.0.0.1:{free_port()}"],
-                            capture_output=True, text=True, timeout=60)
-    assert silent.returncode != 0 and "no answer" in silent.stderr
+    silent = CliRunner().invoke(cli, ["status", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5"])
+    assert silent.exit_code != 0 and "no answer" in silent.output and "within 0.5 s" in silent.output
 
 
 def test_status_sums_generation_per_host():
