@@ -167,7 +167,7 @@ class MLXBackend:
     async def prune_model_adapters(self, model, *, retain_steps: set[int]) -> None:
         """Forget the served adapters of steps outside `retain_steps` (the newest and leased ones stay)."""
         if self.server is not None:
-            await asyncio.wrap_future(self.server.call(lambda: self.server.scheduler.keep_only(retain_steps)))
+            await asyncio.wrap_future(self.server.keep_steps(retain_steps))
 
     async def train(self, model, trajectory_groups, **kwargs):
         from art.types import LocalTrainResult
@@ -268,7 +268,7 @@ class MLXBackend:
 
     def _restore(self, checkpoint: Path) -> None:
         load_checkpoint(checkpoint, self.trainer)
-        self.server.scheduler.set_adapter_version(self.trainer.step)
+        self.server.serve_current(self.trainer.step)
 
     def _save(self, model) -> str:
         return str(save_checkpoint(self._model_dir(model), self.trainer, self.spec, model.base_model,
@@ -279,18 +279,15 @@ class MLXBackend:
             raise RuntimeError("register the model with this backend before leasing a step")
         folder = checkpoint_dir(self._model_dir(model)) / ART_LAYOUT.name(step)
 
-        def hold():
-            scheduler = self.server.scheduler
-            if step in scheduler.adapters:
-                return scheduler.hold(step)
+        def load() -> dict:
             if not (folder / ADAPTER_WEIGHTS).exists():
                 raise ValueError(f"step {step} is not served any more and has no checkpoint at {folder}")
-            scheduler.hold(step, dict(mx.load(str(folder / ADAPTER_WEIGHTS))))
-        await asyncio.wrap_future(self.server.call(hold))
+            return dict(mx.load(str(folder / ADAPTER_WEIGHTS)))
+        await asyncio.wrap_future(self.server.hold_step(step, load))
 
     async def _release(self, step: int) -> None:
         if self.server is not None:
-            await asyncio.wrap_future(self.server.call(lambda: self.server.scheduler.release(step)))
+            await asyncio.wrap_future(self.server.release_step(step))
 
     def _groups(self, trajectory_groups) -> tuple[list[Group], list[str]]:
         vocab = vocab_size(self.server.model)
@@ -313,14 +310,12 @@ class MLXBackend:
                               eps_low=settings["eps_low"], eps_high=settings["eps_high"],
                               scale_advantages=settings["scale_advantages"],
                               kl_coef=settings["kl_coef"], learning_rate=settings["learning_rate"]))
-        scheduler = self.server.scheduler
-        scheduler.load_current()  # train from the adapter being served
+        self.server.train_from_served()
         if groups:
             stats = trainer.train_step(groups)
         else:  # nothing trainable: the step still advances, as ART's LocalBackend does
             trainer.step += 1
             stats = {"groups": 0}
-        scheduler.kept = set(sorted(scheduler.kept | {scheduler.adapter_version})[-self.kept_steps:])
-        scheduler.set_adapter_version(trainer.step)
+        self.server.serve_current(trainer.step, keep=self.kept_steps)
         saved = self._save(model) if settings["save_checkpoint"] else None
         return {name: float(value) for name, value in stats.items() if isinstance(value, (int, float))}, saved

@@ -119,7 +119,7 @@ class AgentRollouts:
     def set_adapter(self, make_tensors: Callable[[], dict], version: int) -> None:
         """Swap in a new adapter between decode steps (requests in flight finish on theirs); its arrays are
         made on the scheduler's thread, which owns the MLX stream."""
-        self.server.call(lambda: self.server.scheduler.set_adapter(version, make_tensors())).result()
+        self.server.serve_adapter(version, make_tensors).result()
 
     def play(self, seeds: list[int], group_size: int, key=None, policy_version: int = 0) -> list[Group]:
         """Play `group_size` rollouts of each seed's scenario, all concurrently; groups whose rollouts all
@@ -213,11 +213,9 @@ class AgentRollouts:
         """Totals for the actor's heartbeat (`protocol.admission.AGENT_STATS`)."""
         counts = self.failures.counts
         refused = sum(n for reason, n in counts.items() if reason.startswith("trajectory refused"))
-        scheduler = self.server.scheduler
         return {"rollouts_played": self.played, "rollout_failures": sum(counts.values()) - refused,
                 "trajectories_refused": refused, "groups_dropped": self.groups_dropped,
-                "groups_short": self.groups_short, "prompt_tokens": scheduler.prompt_tokens,
-                "prefill_tokens": scheduler.prefill_tokens}
+                "groups_short": self.groups_short, **self.server.token_counts}
 
     def failing_message(self) -> str:
         function = inspect.unwrap(self.rollout)

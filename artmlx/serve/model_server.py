@@ -146,6 +146,47 @@ class ModelServer:
         """Run `fn()` on the scheduler's thread between decode steps (a concurrent.futures.Future)."""
         return self.scheduler.call(fn)
 
+    # The served adapters' lifecycle, for a trainer that serves its own model (ART's backend): leases of
+    # `NAME@step`, pruning, and a trained or restored step going live. The first three may be called from any
+    # thread (they return a Future); the last two run on the scheduler's thread, inside `call`.
+
+    def serve_adapter(self, version: int, make_weights):
+        """Serve new requests with the adapter `make_weights()` gives as `version` (an actor's new policy)."""
+        return self.call(lambda: self.scheduler.set_adapter(version, make_weights()))
+
+    @property
+    def token_counts(self) -> dict:
+        """Prompt tokens asked for and tokens actually prefilled so far (the prefix cache's saving)."""
+        return {"prompt_tokens": self.scheduler.prompt_tokens, "prefill_tokens": self.scheduler.prefill_tokens}
+
+    def hold_step(self, step: int, load=None):
+        """Keep `step` servable until `release_step`; `load()` gives its weights when it is not in memory
+        (None: it must be)."""
+        def hold():
+            if step in self.scheduler.versions or load is None:
+                return self.scheduler.hold(step)
+            self.scheduler.hold(step, load())
+        return self.call(hold)
+
+    def release_step(self, step: int):
+        return self.call(lambda: self.scheduler.release(step))
+
+    def keep_steps(self, steps):
+        """Forget the served steps outside `steps` (the newest, held and running ones stay)."""
+        return self.call(lambda: self.scheduler.keep_only(steps))
+
+    def train_from_served(self) -> None:
+        """Put the adapter being served into the model's layers, to train from it (scheduler's thread)."""
+        self.scheduler.load_current()
+
+    def serve_current(self, step: int, keep: int = 0) -> None:
+        """Serve the model's layers' adapter as `step` from now on, keeping the `keep` newest earlier steps
+        servable too (scheduler's thread)."""
+        scheduler = self.scheduler
+        if keep:
+            scheduler.kept = set(sorted(scheduler.kept | {scheduler.adapter_version})[-keep:])
+        scheduler.set_adapter_version(step)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
