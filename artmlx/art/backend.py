@@ -250,7 +250,7 @@ class MLXBackend:
         base_name = model.base_model if model.base_model != model.name else ""
         serve = ServeConfig(model=model.base_model, name=model.name, base_name=base_name, seed=self.config.seed,
                             **limits)
-        self.server = ModelServer(serve, train_config=self.config)
+        self.server = ModelServer(serve, LoraSpec.from_config(self.config))
         atexit.register(self._close)  # after the server's own: runs first, so HTTP stops before the engine
         self.model_name = model.name
         settings = TrainerSettings.of(self.config)

@@ -247,6 +247,7 @@ class AgentRollouts:
 def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, tick=None,
                    failure_limit: int = 0) -> AgentRollouts:
     """The run's rollout function on a new in-process server of `rows` concurrent requests."""
+    from ..model.policy import LoraSpec
     from ..serve.model_server import ModelServer, ServeConfig
     from .agent_code import load_rollout, load_scenarios
 
@@ -254,7 +255,8 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
     scenarios = load_scenarios(config.scenarios) if scenarios is None else scenarios
     server = ModelServer(ServeConfig(model=config.model, name=MODEL_NAME, max_rows=rows,
                                      max_prompt_tokens=config.max_episode_tokens,
-                                     max_tokens=config.max_episode_tokens, seed=seed), train_config=config)
+                                     max_tokens=config.max_episode_tokens, seed=seed),
+                         LoraSpec.from_config(config))
     return AgentRollouts(server, rollout, scenarios, config.temperature, tick=tick, failure_limit=failure_limit,
                          spec=config.rollout, min_group_size=config.min_group_size)
 

@@ -58,10 +58,10 @@ class ModelServer:
     """Loads the model on the scheduler's own thread (on a GPU, MLX arrays belong to the thread whose
     stream computed them) and serves requests from there; other threads only submit and wait."""
 
-    def __init__(self, config: ServeConfig, train_config=None):
-        """`train_config` (a TrainConfig) sets the LoRA layout of fresh adapters (default: the defaults')."""
+    def __init__(self, config: ServeConfig, lora: LoraSpec | None = None):
+        """`lora`: the layout of fresh adapters (a trainer's, which will train them; default: the run defaults')."""
         self.config = config
-        self.train_config = train_config
+        self.lora = lora
         self.name = config.name or config.model
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -84,8 +84,7 @@ class ModelServer:
             else:
                 from ..config import TrainConfig
 
-                self.model, self.tokenizer, _ = load_policy(
-                    config.model, LoraSpec.from_config(self.train_config or TrainConfig()))
+                self.model, self.tokenizer, _ = load_policy(config.model, self.lora or LoraSpec.from_config(TrainConfig()))
             self.model.eval()
             mx.eval(self.model.parameters())
             self.chat = ChatFormat(self.tokenizer)
