@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 
 def load_object(spec: str, what: str, error: type[ValueError] = ValueError):
@@ -23,25 +24,55 @@ def load_object(spec: str, what: str, error: type[ValueError] = ValueError):
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            loaded = importlib.util.spec_from_file_location(path.stem, path)
-            if loaded is None or not path.exists():
-                raise error(f"{what} {spec!r}: there is no file {path}")
-            module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
+        module = _from_file(module_name, what, spec, error) if module_name.endswith(".py") else \
+            importlib.import_module(module_name)
     except error:
         raise
     except Exception as failure:  # the user's module failed while importing: say where, not a traceback of ours
         if isinstance(failure, ModuleNotFoundError) and failure.name in (module_name, module_name.split(".")[0]):
             raise error(f"{what} {spec!r}: cannot import module {module_name!r} ({failure}); is it installed, "
                         f"or in the working directory?") from failure
-        frame = traceback.extract_tb(failure.__traceback__)[-1] if failure.__traceback__ else None
+        frame = _where(failure, module_name)
         where = f" at {frame.filename}:{frame.lineno}" if frame else ""
         raise error(f"{what} {spec!r}: importing {module_name!r} failed{where}: "
                     f"{type(failure).__name__}: {failure}") from failure
     if not hasattr(module, name):
         raise error(f"{what} {spec!r}: {module_name!r} has no {name!r}")
     return getattr(module, name)
+
+
+_FILE_MODULES: dict[Path, ModuleType] = {}
+
+
+def _from_file(module_name: str, what: str, spec: str, error: type[ValueError]) -> ModuleType:
+    """A user's file, executed once per process (environments are made once per episode) and registered in
+    `sys.modules` under a name of its own, as an imported module is (dataclasses and pickling look there)."""
+    path = Path(module_name)
+    resolved = path.resolve()
+    if resolved in _FILE_MODULES:
+        return _FILE_MODULES[resolved]
+    if not path.is_file():
+        raise error(f"{what} {spec!r}: there is no file {path}")
+    unique = f"artmlx_user_code_{len(_FILE_MODULES)}_{path.stem}"
+    loaded = importlib.util.spec_from_file_location(unique, resolved)
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules[unique] = module
+    try:
+        loaded.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[unique]
+        raise
+    _FILE_MODULES[resolved] = module
+    return module
+
+
+def _where(failure: BaseException, module_name: str):
+    """The frame to show for a failed import: the last one in the user's file, else the last one outside
+    Python's import machinery."""
+    frames = traceback.extract_tb(failure.__traceback__) if failure.__traceback__ else []
+    if module_name.endswith(".py"):
+        mine = [f for f in frames if Path(f.filename).resolve() == Path(module_name).resolve()]
+        if mine:
+            return mine[-1]
+    outside = [f for f in frames if not f.filename.startswith("<frozen")]
+    return (outside or frames or [None])[-1]

@@ -27,3 +27,15 @@ def test_every_failure_names_the_spec_and_the_cause(tmp_path):
         load_object("no_such_pkg_q:x", "thing", Custom)
     with pytest.raises(Custom, match="must be module:name"):
         load_object("nothing", "thing", Custom)
+
+
+def test_a_file_runs_once_and_is_a_module_as_imported_ones_are(tmp_path):
+    """Environments are made once per episode: the file's module-level code must run once, and it must be
+    in `sys.modules` (a dataclass with postponed annotations looks its module up there)."""
+    source = tmp_path / "counted_env.py"
+    source.write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n"
+                      "from artmlx.envs.arithmetic import Arithmetic\nLOADS = []\nLOADS.append(1)\n\n"
+                      "@dataclass\nclass Settings:\n    level: int = 1\n\n"
+                      "class CountedEnv(Arithmetic):\n    settings = Settings()\n")
+    first, second = make_env(f"{source}:CountedEnv"), make_env(f"{source}:CountedEnv")
+    assert type(first) is type(second) and len(load_object(f"{source}:LOADS", "thing")) == 1

@@ -104,7 +104,7 @@ class LayerKV:
         query's window, so that the window mask equals the causal one (no mask array: MLX's fused attention
         serves it; on CUDA an array mask sends decode attention to the unfused path)."""
         state = self.state
-        return (state.dense and not state.window_dropped.any()
+        return (state.dense and state.positions is not None and not state.window_dropped.any()
                 and state.used + N - 1 - state.window_base < window)
 
     def _window_mask(self, N: int, window: int) -> mx.array:

@@ -62,10 +62,17 @@ class GRPOTrainer:
         self.optimizer.init(model.trainable_parameters())
         self.step = 0
         self.policy_version = 0
+        self._grad_step = self._make_grad_step()
+
+    def _make_grad_step(self):
+        """The loss's value and gradient. Compiled per input shape (batching pads lengths to `pad_multiple` to
+        keep shapes few), with the loss settings fixed at each trace: `apply` makes a new one."""
+        model = self.model
         value_and_grad = nn.value_and_grad(model, self._loss)
         grad_step = lambda *arrays: value_and_grad(model, *arrays)  # noqa: E731
-        # Compiled per input shape; batching pads lengths to `pad_multiple` to keep shapes few.
-        self._grad_step = mx.compile(grad_step, inputs=[model.state], outputs=[model.state]) if config.compile_step else grad_step
+        if not self.config.compile_step:
+            return grad_step
+        return mx.compile(grad_step, inputs=[model.state], outputs=[model.state])
 
     @property
     def settings(self) -> LossSettings:
@@ -78,8 +85,11 @@ class GRPOTrainer:
         optimizer's state is kept, its learning rate follows."""
         if not isinstance(config, TrainerSettings):
             raise TypeError(f"apply takes TrainerSettings, not {type(config).__name__}")
+        changed = config != self.config
         self.config = config
         self.optimizer.learning_rate = config.learning_rate
+        if changed and config.compile_step:  # a compiled step keeps the settings it was traced with
+            self._grad_step = self._make_grad_step()
 
     def position(self) -> dict:
         """Where training stands, as every metrics row starts: updates done and the policy version."""

@@ -151,7 +151,7 @@ class LearnerHub:
             else:
                 self.counts["status_dropped"] += 1
             return None
-        info = self.actors.get(identity)
+        info = self.sessions.get(identity)
         if isinstance(message, Undelivered):  # maybe an adapter: send it again at the next heartbeat
             if info is not None:
                 info.adapter_sent = min(info.adapter_sent, info.policy_version)
@@ -170,9 +170,12 @@ class LearnerHub:
         if self.closing is not None:
             # Shutting down: every group is acknowledged (a copy of a consumed one as duplicate: its ack was
             # lost), so actors leave holding nothing.
-            if isinstance(message, TrajectoryGroup) and self.book.arrival(message.group_id, identity) == "consumed":
+            # (nothing is held by now: `shutdown` settled every waiting group before it set `closing`)
+            if isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
+                self.counts["duplicate"] += 1
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
             elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
+                self.counts["received"] += 1
                 self.book.settle(message.group_id, "stale", message.policy_version)
                 self.socket.send(identity, Ack(message.group_id, "stale", "the run ended before it was trained"))
             else:
@@ -257,7 +260,7 @@ class LearnerHub:
         self.windows.last_progress = self._listening_clock()  # progress: the stall clock starts again
         if identity is None:
             return
-        info = self.actors.get(identity)
+        info = self.sessions.get(identity)
         if info is not None:
             info.in_flight = max(0, info.in_flight - 1)
             info.trained += status == "trained"

@@ -178,11 +178,11 @@ class ModelServer:
         """Put the adapter being served into the model's layers, to train from it (scheduler's thread)."""
         self.scheduler.load_current()
 
-    def serve_current(self, step: int, keep: int = 0) -> None:
-        """Serve the model's layers' adapter as `step` from now on, keeping the `keep` newest earlier steps
-        servable too (scheduler's thread)."""
+    def serve_current(self, step: int, keep: int | None = None) -> None:
+        """Serve the model's layers' adapter as `step` from now on; with `keep`, the version served until now
+        joins the kept ones, of which the `keep` newest stay servable (scheduler's thread)."""
         scheduler = self.scheduler
-        if keep:
+        if keep is not None:
             scheduler.kept = set(sorted(scheduler.kept | {scheduler.adapter_version})[-keep:])
         scheduler.set_adapter_version(step)
 

@@ -201,3 +201,24 @@ def test_apply_changes_the_loss_and_the_learning_rate_together_and_keeps_the_opt
     assert abs(trainer.optimizer.learning_rate.item() - 3e-5) < 1e-12 and trainer.optimizer.state is state_before
     with pytest.raises(TypeError, match="TrainerSettings"):
         trainer.apply({"learning_rate": 1.0})
+
+
+def test_a_compiled_step_follows_apply():
+    """A compiled grad step fixes the loss's settings when it traces a shape: after `apply`, the same groups
+    (the same shapes) must train with the new settings, as the uncompiled step does."""
+    from dataclasses import replace
+
+    from artmlx.bench.learner import make_groups
+
+    losses = {}
+    for compiled in (False, True):
+        model, _ = tiny_policy(perturb=0.02)
+        groups = make_groups(2, 4, 12, 10, 100, seed=1)
+        for group in groups:
+            for index, episode in enumerate(group.episodes):
+                episode.reward = float(index % 2)
+        trainer = GRPOTrainer(model, trainer_settings({"compile_step": compiled, "learning_rate": 1e-3}))
+        first = trainer.train_step(groups)["loss"]
+        trainer.apply(replace(trainer.config, temperature=0.5))  # changes every logprob the loss sees
+        losses[compiled] = (first, trainer.train_step(groups)["loss"])
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-4, atol=1e-6)

@@ -361,6 +361,12 @@ def test_a_dense_cache_inside_the_window_gives_window_layers_no_mask_array(folde
     ragged = make_ragged_cache(model, 2)
     Engine(model).prefill(ragged, [[3, 4, 5], [6, 7]])
     assert isinstance(ragged.layers[0].make_mask(1, window_size=8), mx.array)
+    dense = make_ragged_cache(model, 1)
+    Engine(model).prefill(dense, [sequence])
+    assert dense.layers[0].make_mask(1, window_size=8) is None
+    assert isinstance(dense.layers[0].make_mask(1, return_array=True, window_size=8), mx.array)
+    dense.state.window_dropped[0] = 1  # zeros for slots a join or compaction moved: the mask must hide them
+    assert isinstance(dense.layers[0].make_mask(1, window_size=8), mx.array)
 
 
 def test_window_layers_trim_through_joins_compaction_and_prefix_hits(folders):
