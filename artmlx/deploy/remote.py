@@ -68,7 +68,7 @@ class Remote:
                                   timeout=timeout_s or self.timeout_s,
                                   stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout_s or self.timeout_s:.0f} s")
+            return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout_s or self.timeout_s:g} s")
         except FileNotFoundError as error:
             return subprocess.CompletedProcess(argv, 127, "", f"cannot run {argv[0]!r}: {error}")
 

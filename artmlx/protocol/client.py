@@ -85,7 +85,7 @@ class ActorClient:
         while self.welcome is None and self.shutdown_reason is None:
             now = time.monotonic()
             if now > deadline:
-                raise LearnerGone(f"no Welcome from the learner within {timeout_s:.0f} s; is it running and reachable?")
+                raise LearnerGone(f"no Welcome from the learner within {timeout_s:g} s; is it running and reachable?")
             if now >= next_try:
                 self.socket.send(Hello(actor=self.name, host=self.host, artmlx_version=__version__,
                                        fingerprint=self.fingerprint))
@@ -98,7 +98,7 @@ class ActorClient:
         deadline = time.monotonic() + timeout_s
         while len(self.outbox) > max(0, self.window - count) and self.shutdown_reason is None:
             if time.monotonic() > deadline:
-                raise LearnerGone(f"no acknowledgement from the learner within {timeout_s:.0f} s")
+                raise LearnerGone(f"no acknowledgement from the learner within {timeout_s:g} s")
             self.pump(50)
 
     def submit(self, group: TrajectoryGroup, timeout_s: float = 600.0) -> None:
