@@ -272,8 +272,8 @@ class LearnerService:
         self._show(phase="stopping actors")
         unconfirmed = self.hub.shutdown(reason)
         self._show(phase=f"done: {reason}")
-        self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(), **self.hub.ledger(),
-                        "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
+        self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
+                        **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
                         **self.hub.actor_totals(AGENT_STATS),
                         "stop_reason": reason})
         self.log.close()

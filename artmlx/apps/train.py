@@ -71,13 +71,13 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             t1 = time.perf_counter()
             stats = trainer.train_step(groups)
             t2 = time.perf_counter()
-            tokens = sum(g.tokens for g in groups)
+            generated = sum(g.policy_tokens for g in groups)
             log.write({
                 **trainer.position(), "time": t2 - started,
-                "tokens": tokens, "gen_tokens": sum(g.policy_tokens for g in groups),
+                "tokens": sum(g.tokens for g in groups), "gen_tokens": generated,
                 "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
                 # Per wall second of the whole update, as the learner reports it, so both modes compare.
-                "gen_tokens_per_s": sum(g.policy_tokens for g in groups) / max(t2 - t0, 1e-9),
+                "gen_tokens_per_s": generated / max(t2 - t0, 1e-9),
                 "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
                 "peak_memory_gb": mx.get_peak_memory() / 2**30,
                 "outcomes": _count_outcomes(groups, outcomes),

@@ -279,9 +279,6 @@ class LearnerHub:
         return counted_as([group_rate(a.arrivals, now) for a in self.sessions.loaded()],
                           group_rate(info.arrivals, now))
 
-    def producers(self) -> int:
-        return self.sessions.producers()
-
     def forget_consumed(self, before_version: int) -> int:
         return self.book.forget_consumed(before_version)
 
