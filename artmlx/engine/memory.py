@@ -44,6 +44,11 @@ Sizing rules (all in `MemoryPlan`):
   the rule said 5.4 / 8.1 MB and a 32 GB budget gave micro-batches of one sequence.) The dense
   copies of 4-bit layers that dequantize per product (`model/backend.py`) all stay alive until the
   backward pass has used them: 1 GB for the 0.5B shape, 15 GB for 7B, taken off the budget first.
+- Gated DeltaNet layers (Qwen3.5, Qwen3-Next) add, per token, a share of their float32 delta-rule state:
+  `DELTA_TRAIN_STATES` in training, `DELTA_PREFILL_STATES` in a prefill, through the chunked recurrence
+  (`model/recurrence.py`; measured on the CPU for one layer of the 0.8B shape, 1,024-2,048 steps: 0.36-0.57
+  and 0.08 of its 1 MiB state a token; mlx-lm's own loop held 4.1 and 1.0, and the plan that left them
+  out gave the 0.8B shape 26,440-token micro-batches that ran out of an H200's memory).
 Whatever the budget, a micro-batch's policy tokens x vocabulary (unsplit families) stays below `MAX_ARRAY_ELEMENTS`:
 on the H200, MLX 0.32.4 gave wrong values (off by up to 22.6 in the logits) for a prefill that made
 one 128 x 301 x 151,936 array (5.9e9 elements, past 2^31), so no array we make may reach that size.
@@ -74,6 +79,7 @@ PREFILL_DENSE = {"gpu": (4, 3), "cpu": (2, 1)}
 TRAIN_HIDDEN, TRAIN_MLP = 16, 6
 TRAIN_SCORES = {"gpu": 1, "cpu": 3}
 TRAIN_SHARE = {"gpu": 0.6, "cpu": WORKSPACE_SHARE}
+DELTA_TRAIN_STATES, DELTA_PREFILL_STATES = 0.6, 0.1
 DECODE_BYTES_PER_VOCAB = 40
 HEAD_BYTES_PER_VOCAB = 16
 MAX_ARRAY_ELEMENTS = (1 << 31) - 1
@@ -150,6 +156,15 @@ def global_attention(text: dict) -> tuple[int, int]:
     return heads or text.get("num_key_value_heads") or text["num_attention_heads"], text["global_head_dim"]
 
 
+def delta_state_bytes(text: dict) -> int:
+    """The float32 delta-rule states of all Gated DeltaNet layers, one row (0: the model has none)."""
+    if "linear_num_value_heads" not in text:
+        return 0
+    interval = text.get("full_attention_interval") or 4
+    count = sum(1 for i in range(text["num_hidden_layers"]) if (i + 1) % interval != 0)
+    return count * text["linear_num_value_heads"] * text["linear_value_head_dim"] * text["linear_key_head_dim"] * 4
+
+
 def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
     """(recurrent layers, bytes of their state per row) from a language model's config. Gated DeltaNet
     (Qwen3.5, Qwen3-Next) keeps a float32 delta-rule state of value heads x value dim x key dim and a
@@ -161,7 +176,7 @@ def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
         hv, dv = text["linear_num_value_heads"], text["linear_value_head_dim"]
         hk, dk = text["linear_num_key_heads"], text["linear_key_head_dim"]
         window = ((text.get("linear_conv_kernel_dim") or 4) - 1) * (2 * hk * dk + hv * dv) * activation_bytes
-        return count, count * (hv * dv * dk * 4 + window)
+        return count, delta_state_bytes(text) + count * window
     if text.get("model_type") == "lfm2":
         attention = text.get("full_attn_idxs") or [i for i, kind in enumerate(text.get("layer_types") or [])
                                                    if kind == "full_attention"]
@@ -184,6 +199,7 @@ class ModelShape:
     dense_copy_bytes: int = 0  # dense copies of the 4-bit layers that dequantize per product (model/backend.py)
     recurrent_layers: int = 0  # layers that keep a state per row instead of keys and values
     state_bytes_per_row: int = 0  # those layers' states, one row
+    delta_state_bytes: int = 0  # of which Gated DeltaNet's delta-rule states (their recurrence's activations scale with it)
     kv_shared_layers: int = 0  # layers that attend over an earlier layer's keys and values (Gemma 4): no cache
     window_layers: int = 0  # sliding-window layers with a cache: they hold at most `window + WINDOW_SLACK` slots
     window: int = 0
@@ -215,7 +231,7 @@ class ModelShape:
         window_count, window = windows if windows is not None else window_layout(text)
         global_kv_heads, global_head_dim = global_attention(text)
         return cls(chunked_head=text.get("model_type") in SPLIT_MODEL_TYPES, recurrent_layers=recurrent,
-                   state_bytes_per_row=state_bytes, window_layers=window_count, window=window,
+                   state_bytes_per_row=state_bytes, delta_state_bytes=delta_state_bytes(text), window_layers=window_count, window=window,
                    global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
                    kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"],
                    hidden=text["hidden_size"], intermediate=text.get("intermediate_size", 4 * text["hidden_size"]),
@@ -246,7 +262,8 @@ class ModelShape:
 
     def prefill_bytes_per_token(self, context: int, device: str = "gpu") -> int:
         hidden, mlp = PREFILL_DENSE[device]
-        return self.layers * (hidden * self.hidden + mlp * self.intermediate) * self.activation_bytes + 8 * self.heads * context
+        dense = self.layers * (hidden * self.hidden + mlp * self.intermediate) * self.activation_bytes
+        return int(dense + 8 * self.heads * context + DELTA_PREFILL_STATES * self.delta_state_bytes)
 
     def train_bytes_per_token(self, length: int, policy_fraction: float = 1.0, device: str = "gpu",
                               checkpointed: bool = False) -> int:
@@ -254,10 +271,12 @@ class ModelShape:
         per_vocab = HEAD_CHUNKED_BYTES_PER_VOCAB if self.chunked_head else HEAD_BYTES_PER_VOCAB
         head = policy_fraction * per_vocab * self.vocab
         layer = dense + TRAIN_SCORES[device] * 4 * self.heads * length
+        delta = DELTA_TRAIN_STATES * self.delta_state_bytes
         if checkpointed:  # every layer's input and K/V kept, one layer's inside alive at a time (twice: forward, backward)
             kept = (self.hidden + 2 * self.kv_heads * self.head_dim) * self.activation_bytes
-            return int(self.layers * kept + 2 * layer + head)
-        return int(self.layers * layer + head)
+            one_delta_layer = delta / max(self.recurrent_layers, 1)
+            return int(self.layers * kept + 2 * (layer + one_delta_layer) + head)
+        return int(self.layers * layer + delta + head)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import lora_kernel
+from . import lora_kernel, recurrence
 from .backend import adapt_to_backend
 from .families import check_supported
 from .tiny import resolve_model
@@ -63,6 +63,7 @@ def load_base(model_name: str):
     model, tokenizer = mlx_lm.load(resolve_model(model_name))
     check_supported(model, model_name)  # at load, in every command: before any work is done with it
     adapt_to_backend(model)
+    recurrence.install(model)  # Gated DeltaNet layers: memory that does not grow with a state per token
     model.freeze()
     return model, tokenizer
 
