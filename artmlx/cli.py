@@ -348,7 +348,8 @@ def model_group() -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced if it exists).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def model_synth(arch, out, seed):
-    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b, qwen3-0.6b/4b/8b/14b, llama-3.2-1b/3b).
+    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b,
+    qwen3-0.6b/4b/8b/14b, qwen3-30b-a3b, qwen3.5-0.8b/9b, gemma-3-1b/4b, gpt-oss-20b, llama-3.2-1b/3b).
 
     For benchmarks only: the shapes, vocabulary, tokenizer and chat template are real, the weights random.
     """

@@ -78,14 +78,17 @@ def bench_rollout(model, quick, json_path, memory_budget_gb, group_sizes, prompt
 @click.option("--reply", type=int, help="Reply tokens (default 256, quick 32).")
 @click.option("--batch-tokens", type=int, default=0, help="Padded tokens per micro-batch (default: the memory rule's).")
 @click.option("--rank", type=int, default=16, show_default=True, help="LoRA rank.")
-def bench_learner(model, quick, json_path, memory_budget_gb, groups, group_size, prompt, reply, batch_tokens, rank):
+@click.option("--plain-only", is_flag=True, help="Skip the compiled steps (a hybrid's recurrence compiles for minutes).")
+def bench_learner(model, quick, json_path, memory_budget_gb, groups, group_size, prompt, reply, batch_tokens, rank,
+                  plain_only):
     """Trained tokens/s: our GRPO step vs a plain mlx-lm LoRA step, compiled and not, with peak memory."""
     from . import learner
     from .models import bench_model
 
     _report("learner", json_path, lambda: learner.run(
         bench_model(model), groups or (4 if quick else 16), group_size, prompt or (64 if quick else 256),
-        reply or (32 if quick else 256), batch_tokens, memory_budget_gb, rank, echo=click.echo))
+        reply or (32 if quick else 256), batch_tokens, memory_budget_gb, rank, echo=click.echo,
+        compiled=(False,) if plain_only else (False, True)))
 
 
 @bench.command(name="protocol")

@@ -87,7 +87,7 @@ class MlxLmStep:
 
 
 def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, batch_tokens: int = 0,
-        budget_gb: float = 0.0, rank: int = 16, echo=print) -> dict:
+        budget_gb: float = 0.0, rank: int = 16, echo=print, compiled: tuple[bool, ...] = (False, True)) -> dict:
     opened = open_policy(model_path, LoraSpec(rank=rank), budget_gb, training=True, seed=0)
     model, trainable, plan, budget = opened.model, opened.trainable, opened.plan, opened.budget
     data = make_groups(groups, group_size, prompt, reply, vocab_size(model))
@@ -102,25 +102,26 @@ def run(model_path: str, groups: int, group_size: int, prompt: int, reply: int, 
     results = {"groups": groups, "group_size": group_size, "prompt_tokens": prompt, "reply_tokens": reply,
                "tokens_per_step": tokens, "batch_tokens": budget_tokens, "lora_rank": rank,
                "trainable_parameters": trainable, "budget_gb": budget / GB, "runs": []}
-    for compiled in (False, True):
-        trainer = GRPOTrainer(model, trainer_settings({"max_batch_tokens": budget_tokens, "compile_step": compiled,
+    for compiled_step in compiled:
+        trainer = GRPOTrainer(model, trainer_settings({"max_batch_tokens": budget_tokens, "compile_step": compiled_step,
                                                         "learning_rate": 1e-5, "groups_per_step": groups,
                                                         "group_size": group_size}), plan)
-        mlx_lm_step = MlxLmStep(model, compiled)
+        mlx_lm_step = MlxLmStep(model, compiled_step)
         metrics: dict = {}
         for name, step in (("artmlx GRPO", lambda: metrics.update(trainer.train_step(data))),
                            ("mlx-lm LoRA (cross-entropy)", lambda: mlx_lm_step(sequences, rows_per_batch))):
             step()  # warm-up: same shapes, compiles kernels (and the step when compiled)
             seconds, peak = _peak_and_time(step)
-            results["runs"].append({"method": name, "compiled": compiled, "seconds": seconds,
+            results["runs"].append({"method": name, "compiled": compiled_step, "seconds": seconds,
                                     "tok_s": tokens / seconds, "peak_gb": peak})
             if name == "artmlx GRPO":  # the step must also be right: a finite loss and gradient, applied
                 results["runs"][-1].update({key: metrics[key] for key in ("loss", "grad_norm", "updates_skipped_nonfinite")})
-            echo(f"{name:<28} {'compiled' if compiled else 'plain':>8}: {tokens / seconds:,.0f} tok/s "
+            echo(f"{name:<28} {'compiled' if compiled_step else 'plain':>8}: {tokens / seconds:,.0f} tok/s "
                  f"({seconds:.2f} s), peak {peak:.2f} GB")
     by = {(r["method"], r["compiled"]): r for r in results["runs"]}
-    for compiled in (False, True):
-        ours, theirs = by[("artmlx GRPO", compiled)], by[("mlx-lm LoRA (cross-entropy)", compiled)]
-        results[f"ratio_{'compiled' if compiled else 'plain'}"] = ours["tok_s"] / theirs["tok_s"]
-    echo(f"artmlx / mlx-lm tokens/s: plain {results['ratio_plain']:.2f}x, compiled {results['ratio_compiled']:.2f}x")
+    for compiled_step in compiled:
+        ours, theirs = by[("artmlx GRPO", compiled_step)], by[("mlx-lm LoRA (cross-entropy)", compiled_step)]
+        name = "compiled" if compiled_step else "plain"
+        results[f"ratio_{name}"] = ours["tok_s"] / theirs["tok_s"]
+        echo(f"artmlx / mlx-lm tokens/s, {name}: {results[f'ratio_{name}']:.2f}x")
     return results
