@@ -65,7 +65,8 @@ def play(model: str, groups: int, group_size: int, rows: int) -> dict:
             cache.nbytes = 0
         server.conversations.capacity = capacity if exact else 0
         server.conversations._replies.clear()
-        before = (scheduler.prompt_tokens, scheduler.prefill_tokens, collections.Counter(rollouts.failures.counts))
+        before = (scheduler.prompt_tokens, scheduler.prefill_tokens, collections.Counter(rollouts.failures.counts),
+                  collections.Counter(scheduler.counts))
         started = time.perf_counter()
         kept = []
         for start in range(0, groups, max(1, rows // group_size)):
@@ -78,7 +79,10 @@ def play(model: str, groups: int, group_size: int, rows: int) -> dict:
             "trajectories": groups * group_size, "trajectories_refused": sum(refused.values()),
             "refusal_reasons": {reason[:160]: n for reason, n in refused.most_common(3)},
             "prompt_tokens": scheduler.prompt_tokens - before[0], "prefill_tokens": scheduler.prefill_tokens - before[1],
-            "wall_s": round(wall, 2)}
+            "wall_s": round(wall, 2),
+            # where the scheduler's thread spent it (admit_s: prefills and joins; decode_s: decode steps, of
+            # which sync_s waiting for the device and remember_s keeping finished sequences' KV)
+            "scheduler": {k: round(v - before[3].get(k, 0), 3) for k, v in scheduler.counts.items()}}
         results[name]["prefill_frac"] = results[name]["prefill_tokens"] / max(results[name]["prompt_tokens"], 1)
         print(f"{name:7s}: {len(kept)}/{groups} groups kept, {results[name]['trajectories_refused']} trajectories "
               f"refused, prefilled {results[name]['prefill_tokens']:,} of {results[name]['prompt_tokens']:,} prompt "

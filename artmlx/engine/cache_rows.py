@@ -9,40 +9,47 @@ import numpy as np
 from .cache import LayerKV, LayerState, RaggedCache
 
 
-def row_kv(cache: RaggedCache, row: int) -> list[tuple[mx.array, ...]]:
-    """Row `row`'s keys and values at its real slots, in position order: (heads, n, head_dim) per layer; a
-    recurrent layer gives its state arrays for the row instead (the state after the row's every token).
-    A sliding-window layer has zeros at the positions it dropped (`window_from` says how many)."""
-    real = np.flatnonzero(np.array(cache.state.valid[row, :cache.used])).astype(np.int32)
-    slots = mx.array(real)
+def rows_kv(cache: RaggedCache, rows: list[int]) -> list[list[tuple[mx.array, ...]]]:
+    """For each row of `rows`, its keys and values at its real slots, in position order: (heads, n, head_dim)
+    per layer; a recurrent layer gives its state arrays for the row instead (the state after the row's every
+    token). A sliding-window layer has zeros at the positions it dropped (`windows_from` says how many).
+    One host read of the validity mask for all the rows (a device sync each would stall the decode loop)."""
+    valid = np.array(cache.state.valid[mx.array(rows), :cache.used])
     out = []
-    for layer in cache.layers:
-        if isinstance(layer, LayerState):
-            out.append(tuple(c[row] for c in layer.cache))
-        elif layer.bounded and cache.state.window_base:
-            kept = mx.array(real >= cache.state.window_base)[None, :, None]
-            index = mx.array(np.maximum(real - cache.state.window_base, 0))
-            out.append((mx.where(kept, layer.keys[row][:, index], 0), mx.where(kept, layer.values[row][:, index], 0)))
-        else:
-            out.append((layer.keys[row][:, slots], layer.values[row][:, slots]))
+    for row, row_valid in zip(rows, valid):
+        real = np.flatnonzero(row_valid).astype(np.int32)
+        slots = mx.array(real)
+        layers = []
+        for layer in cache.layers:
+            if isinstance(layer, LayerState):
+                layers.append(tuple(c[row] for c in layer.cache))
+            elif layer.bounded and cache.state.window_base:
+                kept = mx.array(real >= cache.state.window_base)[None, :, None]
+                index = mx.array(np.maximum(real - cache.state.window_base, 0))
+                layers.append((mx.where(kept, layer.keys[row][:, index], 0),
+                               mx.where(kept, layer.values[row][:, index], 0)))
+            else:
+                layers.append((layer.keys[row][:, slots], layer.values[row][:, slots]))
+        out.append(layers)
     return out
 
 
-def window_from(cache: RaggedCache, row: int) -> int:
-    """Positions of row `row` whose keys its sliding-window layers no longer hold (0 .. window_from - 1)."""
+def windows_from(cache: RaggedCache, rows: list[int]) -> list[int]:
+    """For each row of `rows`, how many of its first positions its sliding-window layers no longer hold."""
     state = cache.state
-    below = int(np.array(state.valid[row, :state.window_base]).sum()) if state.window_base else 0
-    return max(int(state.window_dropped[row]), below)  # both are the row's first real slots
+    below = (np.array(state.valid[mx.array(rows), :state.window_base]).sum(axis=1) if state.window_base
+             else np.zeros(len(rows), np.int64))
+    return [max(int(state.window_dropped[row]), int(n)) for row, n in zip(rows, below)]  # both are its first real slots
 
 
 def prefix_length(prefix: list[tuple[mx.array, ...]], recurrent: dict[int, int]) -> int:
-    """Positions held by a `row_kv` prefix (its first attention layer's keys)."""
+    """Positions held by a `rows_kv` prefix (its first attention layer's keys)."""
     return next(kv[0].shape[1] for i, kv in enumerate(prefix) if i not in recurrent)
 
 
 def cache_with_prefixes(like: RaggedCache, prefixes: list) -> RaggedCache:
     """A cache of `like`'s kind whose row r already holds `prefixes[r]` (per-layer (heads, n_r, head_dim) keys
-    and values of its first n_r positions, or a recurrent layer's state after them, as `row_kv` gives them)
+    and values of its first n_r positions, or a recurrent layer's state after them, as `rows_kv` gives them)
     or nothing (None): right-padded with holes."""
     recurrent = like.recurrent
     lengths = [0 if p is None else prefix_length(p, recurrent) for p in prefixes]

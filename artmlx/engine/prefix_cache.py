@@ -36,7 +36,7 @@ import mlx.core as mx
 
 
 class Prefix(list):
-    """A hit: per-layer arrays as `cache.row_kv` gives them, and `window_from`, the first position whose keys
+    """A hit: per-layer arrays as `cache_rows.rows_kv` gives them, and `window_from`, the first position whose keys
     the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept)."""
 
     def __init__(self, layers, window_from: int = 0):

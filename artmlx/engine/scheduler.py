@@ -47,7 +47,7 @@ import numpy as np
 
 from ..model.policy import adapter_weights, conform_adapter_weights
 from .cache import RaggedCache
-from .cache_rows import cache_with_prefixes, compact, join_caches, row_kv, window_from
+from .cache_rows import cache_with_prefixes, compact, join_caches, rows_kv, windows_from
 from .generate import Engine
 from .sampling import Options, sample
 
@@ -278,7 +278,9 @@ class Scheduler:
                 request.on_token(request)
             (finished if request.finish_reason else keep).append(row)
         if finished and self.prefix is not None:
+            remembered = time.perf_counter()
             self._remember_kv(batch, finished)
+            self.counts["remember_s"] += time.perf_counter() - remembered
         for row in finished:
             batch.running[row].done.set()
         done = [batch.running[row] for row in finished]
@@ -299,9 +301,15 @@ class Scheduler:
 
     def _remember_kv(self, batch: _Batch, rows: list[int]) -> None:
         """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back)."""
-        ended = [(batch.running[row], row_kv(batch.cache, row), window_from(batch.cache, row)) for row in rows
-                 if batch.running[row].finish_reason in ("stop", "length")]
-        mx.eval([kv for _, kv, _ in ended])  # copies: the batch cache's buffers are not kept alive by them
+        rows = [row for row in rows if batch.running[row].finish_reason in ("stop", "length")]
+        if not rows:
+            return
+        ended = list(zip([batch.running[row] for row in rows], rows_kv(batch.cache, rows),
+                         windows_from(batch.cache, rows)))
+        # Copies, so that the batch cache's buffers are not kept alive by them; queued, not waited for (the
+        # copy reads this step's forward, and waiting for it here would leave the device idle while the host
+        # builds the next step)
+        mx.async_eval([kv for _, kv, _ in ended])
         for request, kv, held_from in ended:
             self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from)
 
@@ -354,8 +362,7 @@ class Scheduler:
             batch.cache, batch.logits = side, logits
         else:
             batch.cache = join_caches(batch.cache, side)
-            batch.logits = mx.concatenate([batch.logits, logits], axis=0)
-        mx.eval(batch.logits)
+            batch.logits = mx.concatenate([batch.logits, logits], axis=0)  # evaluated by the next step
         batch.running.extend(admitted)
 
     def run_forever(self, stop: threading.Event) -> None:
