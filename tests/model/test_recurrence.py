@@ -61,7 +61,8 @@ def test_outputs_are_mlx_lm_loop_bit_for_bit_and_the_paper_rule(vector_gate):
         np.testing.assert_allclose(np.array(ours[1]), S, rtol=1e-4, atol=1e-5)
 
 
-def test_gradients_equal_those_through_mlx_lm_loop():
+@pytest.mark.parametrize("compiled", [False, True])  # the learner's `compile_step` compiles the step around it
+def test_gradients_equal_those_through_mlx_lm_loop(compiled):
     q, k, v, g, beta, state = inputs()
     mask = mx.array(np.random.default_rng(2).random((2, 150)) > 0.2)
     weights = mx.random.normal((2, 150, 4, 8))
@@ -72,7 +73,8 @@ def test_gradients_equal_those_through_mlx_lm_loop():
             return (y * weights).sum() + (final ** 2).sum()
         return mx.grad(f, argnums=(0, 1, 2, 3, 4, 5))(q, k, v, g, beta, state)
 
-    ours = loss(lambda *a: chunked_recurrence(*a, chunk=16))
+    ours = (mx.compile(lambda: loss(lambda *a: chunked_recurrence(*a, chunk=16))) if compiled
+            else lambda: loss(lambda *a: chunked_recurrence(*a, chunk=16)))()
     theirs = loss(mlx_lm_gated_delta.gated_delta_ops)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
