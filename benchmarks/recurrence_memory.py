@@ -3,10 +3,12 @@
     python benchmarks/recurrence_memory.py [--steps 512,1024] [--layers 4] [--tokens 1024] [--json FILE]
 
 Part 1, one layer's recurrence at Qwen3.5-0.8B's width (16 value heads, 128 x 128 states), one sequence of
-each length in `--steps`: MLX's peak memory above what was allocated before, forward alone and forward +
-backward, for `gated_delta_ops` and `model/recurrence.chunked_recurrence`. Part 2, the 0.8B shape with
-`--layers` of its 24 layers (random 4-bit weights, real width and vocabulary), a LoRA cross-entropy step
-in training mode over `--tokens` tokens, once through mlx-lm's `gated_delta_update` and once installed.
+each length in `--steps`: MLX's peak memory above what was allocated before and seconds, forward alone and
+forward + backward, for `gated_delta_ops`, `chunked_recurrence` and `parallel_recurrence` (model/recurrence.py).
+Part 2, the 0.8B shape with `--layers` of its 24 layers (random 4-bit weights, real width and vocabulary), a
+LoRA cross-entropy step in training mode over `--tokens` tokens, once through mlx-lm's `gated_delta_update`
+and once through the installed one (its training path: the closed form). Part 2 pays kernel compilation
+first on every backend (a warm-up step each); `--layers 0` skips it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def one_layer(steps: int) -> dict:
     state = mx.zeros((1, 16, 128, 128))
     mx.eval(q, k, v, g, beta, state)
     out = {}
-    for name, fn in (("mlx_lm_ops", mlx_lm_gated_delta.gated_delta_ops), ("chunked", recurrence.chunked_recurrence)):
+    for name, fn in (("mlx_lm_ops", mlx_lm_gated_delta.gated_delta_ops), ("chunked", recurrence.chunked_recurrence),
+                     ("closed_form", recurrence.parallel_recurrence)):
         def loss(q, k, v, g, beta, fn=fn):
             return (fn(q, k, v, g, beta, state)[0] ** 2).sum()
         forward = peak_mb(lambda: fn(q, k, v, g, beta, state))
@@ -77,7 +80,7 @@ def model_step(layers: int, tokens: int) -> dict:
         return mx.value_and_grad(loss)(model.trainable_parameters())
 
     out = {}
-    for name, fn in (("mlx_lm", recurrence._ORIGINAL), ("chunked", recurrence.gated_delta_update)):
+    for name, fn in (("mlx_lm", recurrence._ORIGINAL), ("installed", recurrence.gated_delta_update)):
         qwen3_5.gated_delta_update = fn
         peak_mb(step)  # warm-up
         mb, seconds = peak_mb(step)
@@ -96,7 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "device": str(mx.default_device()),
               "one_layer": {str(n): one_layer(n) for n in map(int, args.steps.split(","))},
-              "model_step": {"layers": args.layers, "tokens": args.tokens, **model_step(args.layers, args.tokens)}}
+              "model_step": ({"layers": args.layers, "tokens": args.tokens, **model_step(args.layers, args.tokens)}
+                             if args.layers else None)}
     print(json.dumps(report, indent=1), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -45,10 +45,11 @@ Sizing rules (all in `MemoryPlan`):
   copies of 4-bit layers that dequantize per product (`model/backend.py`) all stay alive until the
   backward pass has used them: 1 GB for the 0.5B shape, 15 GB for 7B, taken off the budget first.
 - Gated DeltaNet layers (Qwen3.5, Qwen3-Next) add, per token, a share of their float32 delta-rule state:
-  `DELTA_TRAIN_STATES` in training, `DELTA_PREFILL_STATES` in a prefill, through the chunked recurrence
-  (`model/recurrence.py`; measured on the CPU for one layer of the 0.8B shape, 1,024-2,048 steps: 0.36-0.57
-  and 0.08 of its 1 MiB state a token; mlx-lm's own loop held 4.1 and 1.0, and the plan that left them
-  out gave the 0.8B shape 26,440-token micro-batches that ran out of an H200's memory).
+  `DELTA_TRAIN_STATES` in training, `DELTA_PREFILL_STATES` in a prefill (`model/recurrence.py`; measured on
+  the CPU for one layer of the 0.8B shape, 512-1,024 steps: 0.26-0.29 of its 1 MiB state a token in training
+  through the closed form, 0.31-0.36 through the chunked steps (per-key gates), 0.08 in a forward; mlx-lm's
+  own loop held 4.1 and 1.0, and the plan that left them out gave the 0.8B shape 26,440-token micro-batches
+  that ran out of an H200's memory).
 Whatever the budget, a micro-batch's policy tokens x vocabulary (unsplit families) stays below `MAX_ARRAY_ELEMENTS`:
 on the H200, MLX 0.32.4 gave wrong values (off by up to 22.6 in the logits) for a prefill that made
 one 128 x 301 x 151,936 array (5.9e9 elements, past 2^31), so no array we make may reach that size.

@@ -1,4 +1,4 @@
-"""The chunked Gated DeltaNet recurrence (`model/recurrence.py`): the same outputs as mlx-lm's loop and as
+"""The chunked Gated DeltaNet recurrences (`model/recurrence.py`): the same outputs as mlx-lm's loop and as
 the delta rule written from the paper, the same gradients, far less memory, and installed at load."""
 
 import mlx.core as mx
@@ -7,13 +7,15 @@ import pytest
 from mlx_lm.models import gated_delta as mlx_lm_gated_delta
 
 from artmlx.model import recurrence
-from artmlx.model.recurrence import chunked_recurrence
+from artmlx.model.recurrence import chunked_recurrence, parallel_recurrence
 
 
 def inputs(batch=2, steps=150, key_heads=2, value_heads=4, key_dim=16, value_dim=8, vector_gate=False, seed=0):
     mx.random.seed(seed)
-    q = mx.random.normal((batch, steps, key_heads, key_dim)) * 0.3
-    k = mx.random.normal((batch, steps, key_heads, key_dim)) * 0.3
+    q = mx.random.normal((batch, steps, key_heads, key_dim))
+    k = mx.random.normal((batch, steps, key_heads, key_dim))
+    # unit keys, as the models' normalize_qk gives them (the delta rule's write is then a projection)
+    q, k = q / mx.linalg.norm(q, axis=-1, keepdims=True) / 4, k / mx.linalg.norm(k, axis=-1, keepdims=True)
     v = mx.random.normal((batch, steps, value_heads, value_dim))
     gate_shape = (batch, steps, value_heads) + ((key_dim,) if vector_gate else ())
     g = mx.sigmoid(mx.random.normal(gate_shape) + 2)
@@ -80,6 +82,53 @@ def test_gradients_equal_those_through_mlx_lm_loop(compiled):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_closed_form_equals_mlx_lm_loop_and_the_paper_rule(chunk):
+    q, k, v, g, beta, state = inputs()
+    mask = np.random.default_rng(1).random((2, 150)) > 0.2
+    for m in (None, mask):
+        y, S = parallel_recurrence(q, k, v, g, beta, state, None if m is None else mx.array(m), chunk=chunk)
+        y_ref, S_ref = delta_rule(q, k, v, g, beta, state, m)
+        real = slice(None) if m is None else m  # a padded step's output is read by nothing
+        np.testing.assert_allclose(np.array(y)[real], y_ref[real], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(np.array(S), S_ref, rtol=1e-4, atol=1e-6)
+        theirs = mlx_lm_gated_delta.gated_delta_ops(q, k, v, g, beta, state, None if m is None else mx.array(m))
+        np.testing.assert_allclose(np.array(y)[real], np.array(theirs[0])[real], rtol=1e-4, atol=1e-6)
+        assert y.shape == theirs[0].shape and y.dtype == theirs[0].dtype
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_closed_form_gradients_equal_those_through_mlx_lm_loop(compiled):
+    q, k, v, g, beta, state = inputs()
+    mask = mx.array(np.random.default_rng(2).random((2, 150)) > 0.2)
+    weights = mx.random.normal((2, 150, 4, 8)) * mask[..., None, None]  # only real steps' outputs count
+
+    def grads(fn):
+        def f(q, k, v, g, beta, state):
+            y, final = fn(q, k, v, g, beta, state, mask)
+            return (y * weights).sum() + (final ** 2).sum()
+        return mx.grad(f, argnums=(0, 1, 2, 3, 4, 5))(q, k, v, g, beta, state)
+
+    ours = (mx.compile(lambda: grads(lambda *a: parallel_recurrence(*a, chunk=32))) if compiled
+            else lambda: grads(lambda *a: parallel_recurrence(*a, chunk=32)))()
+    theirs = grads(mlx_lm_gated_delta.gated_delta_ops)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-5)
+
+
+def test_training_takes_the_closed_form_for_head_gates_and_the_chunked_loop_for_key_gates():
+    q, k, v, g, beta, state = inputs()
+    a, b = mx.random.normal(g.shape), mx.random.normal(g.shape)
+    A_log, dt_bias = mx.zeros((4,)), mx.zeros((4,))
+    trained = recurrence.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, use_kernel=False)
+    g_ = mlx_lm_gated_delta.compute_g(A_log, a, dt_bias)
+    closed = parallel_recurrence(q, k, v, g_, mx.sigmoid(b), state)
+    assert all(mx.array_equal(x, y) for x, y in zip(trained, closed))
+    inferred = recurrence.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, use_kernel=True)
+    exact = mlx_lm_gated_delta.gated_delta_ops(q, k, v, g_, mx.sigmoid(b), state)
+    assert all(mx.array_equal(x, y) for x, y in zip(inferred, exact))  # off Metal: mlx-lm's steps, chunked
+
+
 def test_backward_memory_does_not_hold_a_state_per_step():
     q, k, v, g, beta, state = inputs(batch=1, steps=512, key_heads=4, value_heads=4, key_dim=64, value_dim=64)
     mx.eval(q, k, v, g, beta, state)
@@ -93,9 +142,10 @@ def test_backward_memory_does_not_hold_a_state_per_step():
         return mx.get_peak_memory() - before
 
     state_bytes = 4 * 64 * 64 * 4
-    ops, chunked = peak(mlx_lm_gated_delta.gated_delta_ops), peak(chunked_recurrence)
+    ops = peak(mlx_lm_gated_delta.gated_delta_ops)
     assert ops > 2 * 512 * state_bytes  # mlx-lm's loop: several states a step
-    assert chunked < ops / 4
+    assert peak(chunked_recurrence) < ops / 4
+    assert peak(parallel_recurrence) < ops / 4
 
 
 def test_installed_at_load_and_training_gradients_unchanged(folders):
