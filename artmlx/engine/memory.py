@@ -46,8 +46,9 @@ Sizing rules (all in `MemoryPlan`):
   backward pass has used them: 1 GB for the 0.5B shape, 15 GB for 7B, taken off the budget first.
 - Gated DeltaNet layers (Qwen3.5, Qwen3-Next) add, per token, a share of their float32 delta-rule state:
   `DELTA_TRAIN_STATES` in training, `DELTA_PREFILL_STATES` in a prefill (`model/recurrence.py`; measured on
-  the CPU for one layer of the 0.8B shape, 512-1,024 steps: 0.26-0.29 of its 1 MiB state a token in training
-  through the closed form, 0.31-0.36 through the chunked steps (per-key gates), 0.08 in a forward; mlx-lm's
+  the CPU for one layer of the 0.8B shape, 512-1,024 steps: 0.26-0.31 of its 1 MiB state a token in training
+  through the closed form, 0.31-0.36 through the chunked steps (per-key gates), 0.08-0.15 in a forward at
+  512-1,024 steps (about one 64-step chunk's states per row and layer whatever the length); mlx-lm's
   own loop held 4.1 and 1.0, and the plan that left them out gave the 0.8B shape 26,440-token micro-batches
   that ran out of an H200's memory).
 Whatever the budget, a micro-batch's policy tokens x vocabulary (unsplit families) stays below `MAX_ARRAY_ELEMENTS`:

@@ -16,19 +16,25 @@ a_1 ... a_t, the state S_t = gamma_t S_0 + sum_{i<=t} (gamma_t / gamma_i) u_i k_
 solve the unit lower-triangular system (I + A) U = beta * V - (beta gamma * K) S_0^T, A_ti = beta_t
 (gamma_t / gamma_i) k_t . k_i for i < t. (I + A)^-1 does not depend on S_0, so it is found for every chunk
 at once (block inversion, log2 C levels of products) and the loop runs over chunks, not steps: T / C
-iterations of a few products, the outputs o_t = S_t q_t from the same terms. Decays enter as exp(G_t -
-G_i) <= 1 with G the cumulative log decay, so nothing overflows. It is not mlx-lm's order of float
-operations: outputs agree to ~4e-7 relative (the CPU, 0.8B layer, 512 steps; tested against mlx-lm's loop
-and against the rule in float64 NumPy), and autodiff through it kept 0.26-0.29 MiB a token, in 2.7 s against 19.9 s for mlx-lm's loop (one layer,
-1,024 steps, the CPU).
+iterations of a few products, the outputs o_t = S_t q_t from the same terms. Decays enter as exp of the
+sum of the log decays in (i, t] (a segment sum, as Mamba-2's: never a difference of two large cumulative
+sums, which loses the small ones when gates are strong), so nothing overflows or cancels. It is not
+mlx-lm's order of float operations: against the rule in float64, 1.6e-7 relative error where mlx-lm's loop
+has 1.8e-7, also with a tenth of the gates 0 or 1e-12 (tested, with its gradients against mlx-lm's loop).
+Autodiff through it kept 0.26-0.31 MiB a token, in 2.8 s against 20.1 s for mlx-lm's loop (one layer of the
+0.8B shape, 1,024 steps, the CPU).
 
 Everything else (per-key gates, and inference on CUDA and the CPU): `chunked_recurrence`, mlx-lm's own
 steps in chunks of `CHUNK`, each a custom function whose backward recomputes its steps. Outputs equal
 `gated_delta_ops` bit for bit (the engine's prefill keeps its exact logprobs), 0.31-0.36 MiB a token in
-training, 0.08 in a forward without gradient.
+training; a forward without gradient peaks at about one chunk's states per row and layer whatever the
+length (78.6 / 82.6 MiB at 512 / 1,024 steps, where mlx-lm's loop held 1 MiB a token); a sequence of at
+most `CHUNK` steps runs mlx-lm's loop whole.
 
 `install(model)` points the Gated DeltaNet modules of a loaded model at `gated_delta_update` below, which
-keeps mlx-lm's Metal kernel for inference on a Mac and takes one of the two everywhere else.
+keeps mlx-lm's Metal kernel for inference on a Mac (for the head sizes it takes) and one of the two
+everywhere else. The function is the module's, so from the first load on, everything in the process that
+runs those mlx-lm models (mlx-lm's own forward in tests, `bench learner`'s mlx-lm baseline) runs it too.
 """
 
 from __future__ import annotations
@@ -136,7 +142,9 @@ def parallel_recurrence(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta
     G = mx.cumsum(log_g, axis=-1)
     lower = mx.tril(mx.ones((chunk, chunk), mx.bool_))
     strict = mx.tril(mx.ones((chunk, chunk), mx.bool_), k=-1)
-    gaps = G[..., :, None] - G[..., None, :]  # G_t - G_i
+    # G_t - G_i as the sum of the log decays in (i, t] (as Mamba-2's segment sums): a difference of two large
+    # cumulative sums loses the small ones when gates are strong
+    gaps = mx.cumsum(mx.where(strict, log_g[..., :, None], 0.0), axis=-2)
     decay_incl = mx.where(lower, mx.exp(mx.where(lower, gaps, 0.0)), 0.0)
     kk = k @ k.swapaxes(-1, -2)
     a_matrix = mx.where(strict, beta[..., :, None] * decay_incl * kk, 0.0)
@@ -145,7 +153,7 @@ def parallel_recurrence(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta
     w = inv @ (k * (beta[..., None] * gamma))  # (B, H, N, C, Dk)
     u_v = inv @ (v * beta[..., None])  # (B, H, N, C, Dv)
     attend = (q @ k.swapaxes(-1, -2)) * decay_incl  # (B, H, N, C, C)
-    tail = mx.exp(G[..., -1:] - G)[..., None]  # gamma_C / gamma_i
+    tail = mx.exp(gaps[..., -1, :])[..., None]  # gamma_C / gamma_i
     total = mx.exp(G[..., -1])[..., None, None]  # (B, H, N, 1, 1)
     S = state.astype(mx.float32)  # (B, H, Dv, Dk)
     outputs = []
@@ -161,7 +169,8 @@ def gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, 
                        lower_bound: float | None = None, allow_neg_eigval: bool = False, **options):
     """mlx-lm's `gated_delta_update`: training (`use_kernel=False`) through `parallel_recurrence` (per-key gates
     through `chunked_recurrence`), inference without mlx-lm's Metal kernel through `chunked_recurrence`."""
-    metal_kernel = use_kernel and mx.default_device() == mx.gpu and mx.metal.is_available()
+    metal_kernel = (use_kernel and mx.default_device() == mx.gpu and mx.metal.is_available()
+                    and k.shape[-1] >= 32 and k.shape[-1] % 32 == 0)  # where mlx-lm's kernel takes the shape
     if metal_kernel or options:  # inference on Metal, or arguments of a newer mlx-lm: its own function
         return _ORIGINAL(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel, lower_bound=lower_bound,
                          allow_neg_eigval=allow_neg_eigval, **options)

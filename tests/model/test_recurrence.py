@@ -82,10 +82,16 @@ def test_gradients_equal_those_through_mlx_lm_loop(compiled):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("chunk", [16, 64])
-def test_closed_form_equals_mlx_lm_loop_and_the_paper_rule(chunk):
-    q, k, v, g, beta, state = inputs()
-    mask = np.random.default_rng(1).random((2, 150)) > 0.2
+@pytest.mark.parametrize("chunk,gates,steps,key_heads", [(16, "mild", 150, 2), (64, "mild", 150, 2),
+                                                       (64, "strong", 150, 2), (64, "mild", 5, 4)])
+def test_closed_form_equals_mlx_lm_loop_and_the_paper_rule(chunk, gates, steps, key_heads):
+    """Also with strong gates (a tenth of them 0 or 1e-12, where a difference of cumulative log decays would
+    lose the small ones), a sequence shorter than a chunk, and as many key heads as value heads."""
+    q, k, v, g, beta, state = inputs(steps=steps, key_heads=key_heads)
+    if gates == "strong":
+        strong = np.random.default_rng(3).random(g.shape)
+        g = mx.array(np.where(strong < 0.05, 0.0, np.where(strong < 0.1, 1e-12, np.array(g))).astype(np.float32))
+    mask = np.random.default_rng(1).random((2, steps)) > 0.2
     for m in (None, mask):
         y, S = parallel_recurrence(q, k, v, g, beta, state, None if m is None else mx.array(m), chunk=chunk)
         y_ref, S_ref = delta_rule(q, k, v, g, beta, state, m)
@@ -94,7 +100,15 @@ def test_closed_form_equals_mlx_lm_loop_and_the_paper_rule(chunk):
         np.testing.assert_allclose(np.array(S), S_ref, rtol=1e-4, atol=1e-6)
         theirs = mlx_lm_gated_delta.gated_delta_ops(q, k, v, g, beta, state, None if m is None else mx.array(m))
         np.testing.assert_allclose(np.array(y)[real], np.array(theirs[0])[real], rtol=1e-4, atol=1e-6)
-        assert y.shape == theirs[0].shape and y.dtype == theirs[0].dtype
+        assert y.shape == theirs[0].shape
+
+
+def test_closed_form_keeps_the_models_dtype_and_a_float32_state():
+    q, k, v, g, beta, state = inputs()
+    y, S = parallel_recurrence(*(a.astype(mx.bfloat16) for a in (q, k, v)), g, beta, state)
+    y_ref, _ = mlx_lm_gated_delta.gated_delta_ops(*(a.astype(mx.bfloat16) for a in (q, k, v)), g, beta, state)
+    assert (y.dtype, S.dtype) == (y_ref.dtype, mx.float32) == (mx.bfloat16, mx.float32)
+    np.testing.assert_allclose(np.array(y.astype(mx.float32)), np.array(y_ref.astype(mx.float32)), atol=2e-2)
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -127,6 +141,13 @@ def test_training_takes_the_closed_form_for_head_gates_and_the_chunked_loop_for_
     inferred = recurrence.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, use_kernel=True)
     exact = mlx_lm_gated_delta.gated_delta_ops(q, k, v, g_, mx.sigmoid(b), state)
     assert all(mx.array_equal(x, y) for x, y in zip(inferred, exact))  # off Metal: mlx-lm's steps, chunked
+    # one gate per key dimension (mlx-lm's vectorised gating): the chunked steps in training, bit for bit
+    key_gates = mx.sigmoid(mx.random.normal(g.shape + (16,)) + 2)
+    trained = recurrence.gated_delta_update(q, k, v, mx.log(key_gates), b, mx.zeros((4, 16)), mx.zeros((4, 16)),
+                                            state, use_kernel=False, lower_bound=None)
+    g_keys = mlx_lm_gated_delta.compute_g(mx.zeros((4, 16)), mx.log(key_gates), mx.zeros((4, 16)))
+    exact = mlx_lm_gated_delta.gated_delta_ops(q, k, v, g_keys, mx.sigmoid(b), state)
+    assert g_keys.ndim == 4 and all(mx.array_equal(x, y) for x, y in zip(trained, exact))
 
 
 def test_backward_memory_does_not_hold_a_state_per_step():
