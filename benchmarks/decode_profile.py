@@ -29,6 +29,8 @@ from artmlx.engine.cache import LayerKV  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402
 from artmlx.engine.scheduler import Request, Scheduler  # noqa: E402
 
+TOKEN_HIGH = 20000
+
 
 def drive(scheduler: Scheduler, requests: list[Request]) -> None:
     for request in requests:
@@ -53,7 +55,7 @@ def batch_steps(scheduler: Scheduler, rows: int, prompt_tokens: int, tokens: int
     """`rows` requests of distinct prompts admitted together: milliseconds per decode step after admission."""
     rng = np.random.default_rng(7)
     stamps: list[float] = []
-    requests = [Request(prompt=rng.integers(1000, 20000, prompt_tokens).tolist(), max_tokens=tokens,
+    requests = [Request(prompt=rng.integers(3, TOKEN_HIGH, prompt_tokens).tolist(), max_tokens=tokens,
                         temperature=1.0, on_token=(lambda r: stamps.append(time.perf_counter())) if i == 0 else None)
                 for i in range(rows)]
     drive(scheduler, requests)
@@ -95,7 +97,7 @@ def scheduler_runs(model_name: str, prompt: list[int], tokens: int, repeats: int
     extra = np.random.default_rng(1)
     for run in range(repeats):
         first = timed_request(scheduler, prompt, tokens)
-        follow = timed_request(scheduler, first.pop("sequence") + extra.integers(1000, 20000, 40).tolist(), tokens)
+        follow = timed_request(scheduler, first.pop("sequence") + extra.integers(3, TOKEN_HIGH, 40).tolist(), tokens)
         follow.pop("sequence")
         out[f"run{run}"] = {"cold": first, "extends": follow}
     single = dict(scheduler.counts)
@@ -141,7 +143,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32, help="Also time decode steps of this many rows together.")
     parser.add_argument("--json")
     args = parser.parse_args()
-    prompt = np.random.default_rng(0).integers(1000, 20000, args.prompt).tolist()
+    global TOKEN_HIGH  # token ids the model's vocabulary holds (the embedded model's has a few dozen)
+    from artmlx.model.tiny import resolve_model
+
+    config = json.loads((Path(resolve_model(args.model)) / "config.json").read_text())
+    TOKEN_HIGH = min(TOKEN_HIGH, config.get("vocab_size") or config["text_config"]["vocab_size"])
+    prompt = np.random.default_rng(0).integers(3, TOKEN_HIGH, args.prompt).tolist()
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "model": args.model,
               "env": {k: v for k, v in os.environ.items() if k.startswith(("ARTMLX_", "MLX_"))}}
     if args.only != "mlx_lm":
