@@ -195,3 +195,42 @@ def test_installed_at_load_and_training_gradients_unchanged(folders):
     from mlx.utils import tree_flatten
     for (name, a), (_, b) in zip(tree_flatten(ours), tree_flatten(theirs)):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_the_memory_plan_covers_a_hybrid_training_step(tmp_path):
+    """A Gated DeltaNet layer of real width (16 value heads, 128 x 128 states) in a tiny Qwen3-Next: one
+    training step's peak per token stays within the plan's estimate; through mlx-lm's own loop it would be
+    several times over it (what ran an H200 out of memory)."""
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3_next
+
+    from artmlx.engine.memory import ModelShape
+    from artmlx.model.policy import LoraSpec, load_policy
+    from tests.helpers import family_folder
+
+    folder = family_folder(tmp_path, "qwen3_next", "wide", linear_num_value_heads=16, linear_num_key_heads=16,
+                           linear_key_head_dim=128, linear_value_head_dim=128)
+    model, _, _ = load_policy(str(folder), LoraSpec(rank=4))
+    rows, length = 2, 320
+    ids = mx.array(np.random.default_rng(0).integers(0, 100, (rows, length + 1)))
+    model.train()
+
+    def peak_per_token():
+        def loss(params):
+            model.update(params)
+            return nn.losses.cross_entropy(model(ids[:, :-1]), ids[:, 1:]).mean()
+        mx.eval(mx.value_and_grad(loss)(model.trainable_parameters()))  # warm-up
+        mx.synchronize()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        mx.eval(mx.value_and_grad(loss)(model.trainable_parameters()))
+        return (mx.get_peak_memory() - before) / (rows * length)
+
+    planned = ModelShape.of(model).train_bytes_per_token(length, device="cpu")
+    assert peak_per_token() <= planned
+    qwen3_next.gated_delta_update = recurrence._ORIGINAL
+    try:
+        assert peak_per_token() > 3 * planned
+    finally:
+        recurrence.install(model)
+    assert qwen3_next.gated_delta_update is recurrence.gated_delta_update
