@@ -6,22 +6,19 @@ What a server needs from the engine that environment rollouts (which start a bat
   prefilled together in a cache of their own and joined to the running cache (`cache.join_caches`),
   then samples one token for every running request and feeds them all back in **one forward**, so a
   request that arrives while others decode joins the batch at the next step;
-- a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or
-  "length") and its row leaves the cache; holes left behind are compacted away once they outnumber
-  the real slots;
-- every sampled token is recorded with its logprob under the distribution it was drawn from, by
-  the engine's one sampling rule (`sampling.sample`, as rollouts): per request temperature (0:
-  greedy) and `options` (top_p, seed, logit_bias, presence/frequency penalties, top_logprobs),
-  rows with and without options mixed in the one batch; a step whose rows have no options takes
-  the plain path;
-- `on_token(request)` (optional) is called on the scheduler's thread after each new token, for
-  streaming; `done` (a threading.Event) is set when the request ends;
-- adapters swap without draining: `set_adapter(version, weights)` makes `version` the one new
-  requests are admitted under; requests already running finish on the adapter they started with.
-  The running requests are kept in one batch per adapter version (each with its own cache), and a
-  step loads each batch's adapter tensors before its forward (a reference swap of the LoRA arrays,
-  no copy). While an old version still has requests, a step costs one forward per version; a
-  version's tensors are dropped when its last request ends. Each request records its version;
+- a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or "length")
+  and its row leaves the cache; holes left behind are compacted away once they outnumber the real slots;
+- every sampled token is recorded with its logprob under the distribution it was drawn from, by the
+  engine's one sampling rule (`sampling.sample`, as rollouts): per request temperature (0: greedy) and
+  `options` (top_p, seed, logit_bias, presence/frequency penalties, top_logprobs), rows with and without
+  options mixed in one batch (a step whose rows have none takes the plain path);
+- `on_token(request)` (optional) is called on the scheduler's thread after each new token (streaming);
+  `done` (a threading.Event) is set when the request ends;
+- adapters swap without draining: `set_adapter(version, weights)` makes `version` the one new requests
+  are admitted under; running requests finish on the adapter they started with, in one batch (and cache)
+  per adapter version, whose adapter tensors a step loads before its forward (a reference swap of the LoRA
+  arrays, no copy): one forward per version that still has requests; a version's tensors are dropped when
+  its last request ends. Each request records its version;
 - several adapter versions are servable at once: a request may name its `version` (None: the newest).
   Besides the newest, a version stays servable while it is `kept` (the ART backend keeps recent
   training steps until ART prunes them) or `hold`-ed (a lease: ART's exact adapter lease, or the
@@ -29,8 +26,7 @@ What a server needs from the engine that environment rollouts (which start a bat
 - `call(fn)` runs `fn()` on the scheduler's thread between steps (training the served model, or
   loading arrays, must happen on the thread that owns the MLX stream) and returns a Future.
 
-Deviation from a vLLM-style scheduler: no preemption or paged memory; a request waits until a row
-is free, and its prompt must fit `max_prompt_tokens`.
+Unlike vLLM's scheduler: no preemption or paged memory; a request waits for a free row (prompt up to `max_prompt_tokens`).
 """
 
 from __future__ import annotations
@@ -278,9 +274,7 @@ class Scheduler:
                 request.on_token(request)
             (finished if request.finish_reason else keep).append(row)
         if finished and self.prefix is not None:
-            remembered = time.perf_counter()
             self._remember_kv(batch, finished)
-            self.counts["remember_s"] += time.perf_counter() - remembered
         for row in finished:
             batch.running[row].done.set()
         done = [batch.running[row] for row in finished]
@@ -300,18 +294,18 @@ class Scheduler:
         return done
 
     def _remember_kv(self, batch: _Batch, rows: list[int]) -> None:
-        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back)."""
+        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back) as copies
+        (the batch cache's buffers are not kept alive by them), queued and not waited for: they read this
+        step's forward, and waiting here would leave the device idle while the host builds the next step."""
+        started = time.perf_counter()
         rows = [row for row in rows if batch.running[row].finish_reason in ("stop", "length")]
-        if not rows:
-            return
-        ended = list(zip([batch.running[row] for row in rows], rows_kv(batch.cache, rows),
-                         windows_from(batch.cache, rows)))
-        # Copies, so that the batch cache's buffers are not kept alive by them; queued, not waited for (the
-        # copy reads this step's forward, and waiting for it here would leave the device idle while the host
-        # builds the next step)
-        mx.async_eval([kv for _, kv, _ in ended])
-        for request, kv, held_from in ended:
-            self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from)
+        if rows:
+            kvs = rows_kv(batch.cache, rows)
+            mx.async_eval(kvs)
+            for row, kv, held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
+                request = batch.running[row]
+                self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from)
+        self.counts["remember_s"] += time.perf_counter() - started
 
     def _admit(self) -> None:
         with self.lock:
