@@ -158,12 +158,19 @@ def global_attention(text: dict) -> tuple[int, int]:
     return heads or text.get("num_key_value_heads") or text["num_attention_heads"], text["global_head_dim"]
 
 
-def delta_state_bytes(text: dict) -> int:
-    """The float32 delta-rule states of all Gated DeltaNet layers, one row (0: the model has none)."""
+def delta_layers(text: dict) -> int:
+    """Gated DeltaNet layers (every layer but each `full_attention_interval`-th; 0: the model has none)."""
     if "linear_num_value_heads" not in text:
         return 0
     interval = text.get("full_attention_interval") or 4
-    count = sum(1 for i in range(text["num_hidden_layers"]) if (i + 1) % interval != 0)
+    return sum(1 for i in range(text["num_hidden_layers"]) if (i + 1) % interval != 0)
+
+
+def delta_state_bytes(text: dict) -> int:
+    """The float32 delta-rule states of all Gated DeltaNet layers, one row (0: the model has none)."""
+    count = delta_layers(text)
+    if not count:
+        return 0
     return count * text["linear_num_value_heads"] * text["linear_value_head_dim"] * text["linear_key_head_dim"] * 4
 
 
@@ -173,8 +180,7 @@ def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
     convolution window; LFM2's short convolutions keep a window of hidden-size features."""
     layers = text["num_hidden_layers"]
     if "linear_num_value_heads" in text:
-        interval = text.get("full_attention_interval") or 4
-        count = sum(1 for i in range(layers) if (i + 1) % interval != 0)
+        count = delta_layers(text)
         hv, dv = text["linear_num_value_heads"], text["linear_value_head_dim"]
         hk, dk = text["linear_num_key_heads"], text["linear_key_head_dim"]
         window = ((text.get("linear_conv_kernel_dim") or 4) - 1) * (2 * hk * dk + hv * dv) * activation_bytes

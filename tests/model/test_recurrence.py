@@ -63,21 +63,25 @@ def test_outputs_are_mlx_lm_loop_bit_for_bit_and_the_paper_rule(vector_gate):
         np.testing.assert_allclose(np.array(ours[1]), S, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("compiled", [False, True])  # the learner's `compile_step` compiles the step around it
-def test_gradients_equal_those_through_mlx_lm_loop(compiled):
+def gradients(fn, mask, weights, compiled=False):
+    """Gradients of sum(y * weights) + |final state|^2 through `fn` (a recurrence) w.r.t. all six inputs of
+    `inputs()`; `compiled`: through `mx.compile`, as the learner's `compile_step` runs the step."""
     q, k, v, g, beta, state = inputs()
+
+    def f(q, k, v, g, beta, state):
+        y, final = fn(q, k, v, g, beta, state, mask)
+        return (y * weights).sum() + (final ** 2).sum()
+
+    run = lambda: mx.grad(f, argnums=(0, 1, 2, 3, 4, 5))(q, k, v, g, beta, state)  # noqa: E731
+    return (mx.compile(run) if compiled else run)()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gradients_equal_those_through_mlx_lm_loop(compiled):
     mask = mx.array(np.random.default_rng(2).random((2, 150)) > 0.2)
     weights = mx.random.normal((2, 150, 4, 8))
-
-    def loss(fn):
-        def f(q, k, v, g, beta, state):
-            y, final = fn(q, k, v, g, beta, state, mask)
-            return (y * weights).sum() + (final ** 2).sum()
-        return mx.grad(f, argnums=(0, 1, 2, 3, 4, 5))(q, k, v, g, beta, state)
-
-    ours = (mx.compile(lambda: loss(lambda *a: chunked_recurrence(*a, chunk=16))) if compiled
-            else lambda: loss(lambda *a: chunked_recurrence(*a, chunk=16)))()
-    theirs = loss(mlx_lm_gated_delta.gated_delta_ops)
+    ours = gradients(lambda *a: chunked_recurrence(*a, chunk=16), mask, weights, compiled)
+    theirs = gradients(mlx_lm_gated_delta.gated_delta_ops, mask, weights)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
 
@@ -113,19 +117,10 @@ def test_closed_form_keeps_the_models_dtype_and_a_float32_state():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_closed_form_gradients_equal_those_through_mlx_lm_loop(compiled):
-    q, k, v, g, beta, state = inputs()
     mask = mx.array(np.random.default_rng(2).random((2, 150)) > 0.2)
     weights = mx.random.normal((2, 150, 4, 8)) * mask[..., None, None]  # only real steps' outputs count
-
-    def grads(fn):
-        def f(q, k, v, g, beta, state):
-            y, final = fn(q, k, v, g, beta, state, mask)
-            return (y * weights).sum() + (final ** 2).sum()
-        return mx.grad(f, argnums=(0, 1, 2, 3, 4, 5))(q, k, v, g, beta, state)
-
-    ours = (mx.compile(lambda: grads(lambda *a: parallel_recurrence(*a, chunk=32))) if compiled
-            else lambda: grads(lambda *a: parallel_recurrence(*a, chunk=32)))()
-    theirs = grads(mlx_lm_gated_delta.gated_delta_ops)
+    ours = gradients(lambda *a: parallel_recurrence(*a, chunk=32), mask, weights, compiled)
+    theirs = gradients(mlx_lm_gated_delta.gated_delta_ops, mask, weights)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-5)
 
