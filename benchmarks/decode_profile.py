@@ -6,7 +6,8 @@ A `prompt`-token request through the engine's `Scheduler`, driven on this thread
 token, then milliseconds per token); a second request that extends the first sequence by 40 tokens
 (a prefix-cache hit: an agent's next turn); `--rows` requests decoding together (milliseconds per
 step); and mlx-lm's own `generate_step` on the same prompt with its `KVCache` (what `mlx_lm.server`
-runs per sequence). The scheduler's counts say where its time went (`sync_s`: waiting for the
+runs per sequence), and the same `--rows` prompts through the rollout engine's decode loop
+(`Engine.decode`, which synchronises with the host only at steps 2, 4, 8, ...). The scheduler's counts say where its time went (`sync_s`: waiting for the
 device; the rest of `decode_s` is the host building the step). `--no-lora` and `--array-masks` are
 the A/B switches that name the gap: LoRA's extra kernels, and attention given an array mask.
 """
@@ -64,6 +65,42 @@ def batch_steps(scheduler: Scheduler, rows: int, prompt_tokens: int, tokens: int
             "tokens_per_s": round(rows / float(gaps.mean()), 1)}
 
 
+def engine_steps(engine: Engine, rows: int, prompt_tokens: int, tokens: int) -> dict:
+    """The same `rows` prompts through the rollout engine's own decode loop (`Engine.decode`: no stop tokens,
+    the host synchronising at steps 2, 4, 8, ...): milliseconds per step, against `batch_steps`."""
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(3, TOKEN_HIGH, prompt_tokens).tolist() for _ in range(rows)]
+    cache = engine.new_cache(rows)
+    logits = engine.prefill(cache, prompts)
+    mx.eval(logits, cache.arrays())
+    started = time.perf_counter()
+    engine.decode(cache, logits, mx.random.key(3), temperature=1.0, max_tokens=tokens, stop_tokens=[-1])
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "ms_per_step": round(seconds / tokens * 1000, 3), "tokens_per_s": round(rows * tokens / seconds, 1)}
+
+
+def engine_dense_steps(engine: Engine, rows: int, prompt_tokens: int, tokens: int) -> dict:
+    """A/B for `engine_steps`: its loop with the lengths known on the host (every row real at every step), so the
+    cache stays dense and attention gets no mask arrays, as in the scheduler's steps."""
+    from artmlx.engine.generate import sample_tokens
+
+    rng = np.random.default_rng(7)
+    cache = engine.new_cache(rows)
+    logits = engine.prefill(cache, [rng.integers(3, TOKEN_HIGH, prompt_tokens).tolist() for _ in range(rows)])
+    mx.eval(logits, cache.arrays())
+    key, picked = mx.random.key(3), []
+    started = time.perf_counter()
+    for _ in range(tokens):
+        key, step_key = mx.random.split(key)
+        token, logprob = sample_tokens(logits, 1.0, step_key)
+        picked.append(logprob)
+        logits = engine.parts.head(cache.forward(engine.parts.trunk, token[:, None], np.ones((rows,), np.int32))[:, -1])
+        mx.async_eval(logits, logprob)
+    mx.eval(picked)
+    seconds = time.perf_counter() - started
+    return {"rows": rows, "ms_per_step": round(seconds / tokens * 1000, 3), "tokens_per_s": round(rows * tokens / seconds, 1)}
+
+
 def without_lora(model) -> None:
     """Every LoRA layer back to its base layer (what mlx_lm.server runs)."""
     from mlx_lm.tuner.lora import LoRALinear
@@ -107,6 +144,9 @@ def scheduler_runs(model_name: str, prompt: list[int], tokens: int, repeats: int
         scheduler.counts.clear()
         out["batch"] = batch_steps(scheduler, rows, prompt_tokens=len(prompt), tokens=tokens)
         out["counts_batch"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in scheduler.counts.items()}
+        engine_steps(scheduler.engine, rows, 256, 8)  # warm-up
+        out["engine_batch"] = engine_steps(scheduler.engine, rows, prompt_tokens=len(prompt), tokens=tokens)
+        out["engine_dense_batch"] = engine_dense_steps(scheduler.engine, rows, prompt_tokens=len(prompt), tokens=tokens)
     return out
 
 

@@ -100,10 +100,16 @@ class RolloutBench:
         tokens, seconds, peak = _timed(run)
         return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "peak_gb": peak}
 
-    def warm_up(self) -> None:
-        seeds = [999_001, 999_002]
-        self.rollouts(max_tokens=4).play(seeds, 2, mx.random.key(1))
-        self.batch_generate(seeds, 2, 4, max_tokens=4)
+    def warm_up(self, rows: int, group_sizes: list[int]) -> None:
+        """Both batched methods once at the measured batch shapes, a few tokens each: on MLX's CUDA backend the
+        first call of a shape compiles kernels (tens of seconds for Gemma 3), which whichever method ran
+        first at that shape would otherwise pay inside its timing."""
+        for group_size in group_sizes:
+            seeds = list(range(999_000, 999_000 + max(1, rows // group_size)))
+            rollouts = self.rollouts(max_tokens=8)
+            rollouts.plan = None  # one batch, as `engine` plays
+            rollouts.play(seeds, group_size, mx.random.key(1))
+            self.batch_generate(seeds, group_size, len(seeds) * group_size, max_tokens=8)
         self.sequential(seeds[:1], max_tokens=4)
 
     def prefill_memory(self, rows: int) -> dict:
@@ -159,7 +165,7 @@ def run(model_path: str, group_sizes: list[int], prompt: int, reply: int, rows: 
     rows = rows or natural_rows
     echo(f"model {model_path}: prompt {prompt}, reply {reply} tokens; memory budget {budget / GB:.1f} GB, "
          f"engine rows by its rule {natural_rows}, used {rows}")
-    bench.warm_up()
+    bench.warm_up(rows, group_sizes)
     results: dict = {"prompt_tokens": prompt, "reply_tokens": reply, "rows_by_rule": natural_rows,
                      "budget_gb": budget / GB, "plan": bench.plan.describe(bench.sampling.slots_per_row), "groups": []}
     agreement_size = 8 if 8 in group_sizes else group_sizes[0]

@@ -14,7 +14,8 @@ step() {
   local pid=$!
   ( sleep $((seconds / 2)); if kill -0 $pid 2>/dev/null; then
       echo "-- py-spy at $((seconds / 2))s" >>$OUT/log.txt
-      for child in $(pgrep -P $pid); do py-spy dump --pid $child >>$OUT/log.txt 2>&1; done
+      # the image has no pgrep: timeout's children from /proc
+      for child in $(cat /proc/$pid/task/*/children 2>/dev/null); do py-spy dump --pid $child >>$OUT/log.txt 2>&1; done
     fi ) &
   local spy=$!
   wait $pid; local rc=$?
