@@ -59,6 +59,16 @@ def _load_train_config(config_file, overrides, settings, resume=False):
     return load_config(config_file, values)
 
 
+def _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings):
+    """The run configuration of `train`, `learner` and `run` from their shared options."""
+    fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
+              "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
+    config = _load_train_config(config_file, fields, settings, resume)
+    if resume and not config.out:
+        raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
+    return config
+
+
 _train_options = [
     click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields."),
     click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder."),
@@ -92,17 +102,14 @@ def train_options(function):
 def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings, dry_run):
     """Train synchronously in one process: rollouts -> GRPO update -> eval."""
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
-                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
-        config = _load_train_config(config_file, fields, settings, resume)
+        config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
+                               settings)
         if dry_run:
             from .engine.estimate import estimate_for, estimate_lines
 
             facts = estimate_for(config)
             click.echo("\n".join([*estimate_lines(facts, config), json.dumps(facts)]))
             raise SystemExit(0 if facts["fits"] else 1)
-        if resume and not config.out:
-            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
         from .apps.train import train as run_training
 
         run_dir = run_training(config, resume=resume)
@@ -126,23 +133,22 @@ def actor_main() -> None:
 @click.option("--keys", type=click.Path(file_okay=False), help="CURVE keys folder (`artmlx keygen`).")
 @click.option("--insecure", is_flag=True, help="Allow binding a network address without keys.")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
+@click.option("--colocated-actors", type=click.IntRange(min=0), default=0, help="Actor threads in this process, "
+              "sharing its base weights (one device; `artmlx run --placement colocated`).")
 @train_options
-def learner(bind, keys, insecure, plain, config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed,
-            out, resume, settings):
+def learner(bind, keys, insecure, plain, colocated_actors, config_file, model, env, rollout, scenarios, eval_scenarios,
+            steps, seed, out, resume, settings):
     """The learner process: serves actors, trains on their groups, broadcasts adapters."""
     from .apps.launch import watch_parent
 
     watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
-                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
-        config = _load_train_config(config_file, fields, settings, resume)
-        if resume and not config.out:
-            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
+        config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
+                               settings)
         from .apps.learner import LearnerService
 
         run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume,
-                                 live=False if plain else None).run()
+                                 live=False if plain else None, colocated_actors=colocated_actors).run()
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"learner done: {run_dir}")
@@ -190,25 +196,30 @@ def _devices(text: str | None) -> list[str]:
 @click.option("--actor-devices", metavar="D0,D1,...",
               help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")
 @click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
+@click.option("--placement", type=click.Choice(["auto", "processes", "colocated"]), default="auto", show_default=True,
+              help="colocated: actors as threads of the learner's process, one base copy (one GPU or Mac); "
+                   "processes: actor processes; auto: colocated on one GPU, else processes.")
 @train_options
-def run(actors, plain, actor_devices, learner_device, config_file, model, env, rollout, scenarios, eval_scenarios,
-        steps, seed, out, resume, settings):
+def run(actors, plain, actor_devices, learner_device, placement, config_file, model, env, rollout, scenarios,
+        eval_scenarios, steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
-        fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
-                  "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
-        config = _load_train_config(config_file, fields, settings, resume)
-        if resume and not config.out:
-            raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
-        from .apps.launch import default_actor_count, run_pipeline
+        config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
+                               settings)
+        from .apps.launch import choose_placement, default_actor_count, run_pipeline
         from .rollout.agent_code import check_agent
 
         if actors is not None and actors < 1:
             raise ValueError(f"--actors must be >= 1, got {actors}")
         check_agent(config)  # the user's code, once, before any process starts
         devices = _devices(actor_devices)
-        code = run_pipeline(config, actors or (len(devices) if devices else default_actor_count()), resume, plain,
-                            devices, learner_device)
+        placement, why = choose_placement(placement, devices, learner_device, config.rollout)
+        click.echo(f"[run] placement: {placement} ({why}; --placement overrides)")
+        if placement == "colocated":
+            code = run_pipeline(config, 0, resume, plain, colocated=actors or 1)
+        else:
+            code = run_pipeline(config, actors or (len(devices) if devices else default_actor_count()), resume, plain,
+                                devices, learner_device)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     sys.exit(code)
@@ -239,20 +250,12 @@ def show_config():
 def eval_command(adapters, model, env, env_args, episodes, temperature, seed, as_json):
     """Evaluate adapters on held-out seeds; prints the score with a 95% confidence interval."""
     try:
-        from .apps.evaluate import run_eval
+        from .apps.evaluate import describe, run_eval
 
         result = run_eval(adapters, model, env, env_args, episodes, temperature, seed)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(f"{result['env']} on {result['model']}: score {result['eval_score']:.3f} "
-               f"(95% CI {result['eval_score_ci_low']:.3f}-{result['eval_score_ci_high']:.3f}, "
-               f"{result['eval_episodes']} episodes)")
-    for key, value in result.items():
-        if key.endswith("_rate"):
-            click.echo(f"  {key[5:-5]:<12} {value:.3f}")
+    click.echo(json.dumps(result, indent=2) if as_json else describe(result))
 
 
 @cli.command()
@@ -274,14 +277,11 @@ def plot(run_dirs, out):
 @click.option("--actor", default="actor", show_default=True, help="Name of the actor key pair to create and allow.")
 def keygen(folder, actor):
     """Create CURVE keys: the learner's pair, an actor pair, and the learner's allowed list."""
-    from .protocol.security import make_keys
+    from .protocol.security import keys_usage, make_keys
 
-    made = make_keys(Path(folder), actor)
-    for path in made:
+    for path in make_keys(Path(folder), actor):
         click.echo(f"wrote {path}")
-    click.echo(f"learner: --keys {folder} (uses learner.key_secret and {folder}/allowed/)\n"
-               f"actors:  copy {folder}/learner.key, {folder}/{actor}.key and {folder}/{actor}.key_secret "
-               f"to each actor machine and pass --keys there")
+    click.echo(keys_usage(folder, actor))
 
 
 @cli.command()

@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..config import TrainConfig, validate
-from ..engine.loading import open_policy
+from ..engine.loading import OpenPolicy, open_policy
 from ..engine.memory import apply_limits, resolve_budget
 from ..envs.base import make_env
 from ..seeds import EVAL_SEED_BASE
@@ -54,7 +54,14 @@ FAILURE_REPORT_S = 30.0
 
 class ActorService:
     def __init__(self, connect: str, name: str | None = None, keys: Path | None = None, actor_key: str = "actor",
-                 echo: bool = True, memory_budget_gb: float = 0.0, host: str = ""):
+                 echo: bool = True, memory_budget_gb: float = 0.0, host: str = "", policy: OpenPolicy | None = None,
+                 log: Path | None = None):
+        """`policy`: a colocated actor's (a thread of the learner's process, `apps/colocated.py`): the model it
+        plays with, sharing the learner's base weights, inside its share of the learner's budget. It then
+        installs no signal handlers (the learner's thread has them) and sets no process-wide memory limits.
+        `log`: a file its lines are appended to instead of stdout (a colocated actor beside the live view)."""
+        self.policy = policy
+        self.log = log
         self.name = name or f"{socketlib.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.client = ActorClient(ActorSocket(connect, keys=keys, actor_key=actor_key), self.name)
         self.client.host = host or self.client.host
@@ -66,21 +73,28 @@ class ActorService:
         self.next_failure_report = time.monotonic() + FAILURE_REPORT_S
 
     def say(self, text: str) -> None:
-        if self.echo:
+        if self.log is not None:
+            with open(self.log, "a") as log:
+                print(f"[{self.name}] {text}", file=log)
+        elif self.echo:
             print(f"[{self.name}] {text}", flush=True)
 
     def run(self) -> str:
         """Serve the learner until it says shutdown or a signal stops us; the reason. Raises RolloutLoadError
         (the agent's code cannot be loaded) and RolloutsFailing (it failed `rollout_failure_limit` times in a
         row, said here) after leaving cleanly."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
+        if self.policy is None:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
         welcome = self._hello_until_welcome()
         rollouts = None
         try:
             config = validate(TrainConfig(**welcome.run_config))
-            budget = resolve_budget(self.memory_budget_gb)
-            apply_limits(budget)
+            if self.policy is None:
+                budget = resolve_budget(self.memory_budget_gb)
+                apply_limits(budget)
+            else:
+                budget = self.policy.budget
             spec = LoraSpec.from_config(config)
             rollouts = self._rollouts(config, spec, budget)
             self.client.hello(fingerprint(config.model, spec))  # raises ActorRefused on a mismatch
@@ -193,9 +207,12 @@ class ActorService:
     def _rollouts(self, config: TrainConfig, spec: LoraSpec, budget: int) -> Rollouts:
         """The environment's batched rollouts, or with `rollout` the agent's against an in-process server."""
         if not config.rollout:
-            opened = open_policy(config.model, spec, budget / 2**30)
+            opened = self.policy or open_policy(config.model, spec, budget / 2**30)
             return EpisodeRollouts(opened.model, opened.tokenizer, lambda: make_env(config.env, config.env_args),
                                    SamplingParams.from_config(config), opened.plan, tick=self._tick)
+        if self.policy is not None:
+            raise ValueError("a colocated actor plays environment rollouts; agent rollouts (`rollout`) need "
+                             "actor processes (`artmlx run --placement processes`)")
         from ..rollout.agents import agent_rollouts
 
         rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size

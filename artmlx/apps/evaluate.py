@@ -48,3 +48,12 @@ def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -
     result = evaluate(engine, episodes, outcomes_of(make_env(env, env_args)), temperature, seed=seed)
     return {"model": model, "adapters": adapters, "env": env,
             "env_args": env_args, "temperature": temperature, **result}
+
+
+def describe(result: dict) -> str:
+    """`artmlx eval`'s lines: the score with its interval, then each outcome's rate."""
+    lines = [f"{result['env']} on {result['model']}: score {result['eval_score']:.3f} "
+             f"(95% CI {result['eval_score_ci_low']:.3f}-{result['eval_score_ci_high']:.3f}, "
+             f"{result['eval_episodes']} episodes)"]
+    lines += [f"  {key[5:-5]:<12} {value:.3f}" for key, value in result.items() if key.endswith("_rate")]
+    return "\n".join(lines)

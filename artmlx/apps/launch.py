@@ -25,7 +25,10 @@ that GPU, `CUDA_VISIBLE_DEVICES`, so a multi-GPU host stands in for several mach
 (MLX's CPU device, `ARTMLX_DEVICE=cpu`); `learner_device` pins the learner likewise. Each process is
 told how many processes share its device (`ARTMLX_MEMORY_SHARING`), and its default memory budget is
 its share of that device (`engine/memory.py`). On Apple silicon there is one GPU: every GPU process
-shares it, and only `cpu` places a process elsewhere.
+shares it, and only `cpu` places a process elsewhere. `choose_placement` decides between these processes and
+colocated actors (threads of the learner's process over its base weights, `apps/colocated.py`): colocated
+on a single GPU, processes on a CPU device (each process's share of the cores is the parallelism there), on
+several GPUs, where devices are given and for agent rollouts.
 """
 
 from __future__ import annotations
@@ -111,8 +114,37 @@ def placements(actors: int, actor_devices: list[str], learner_device: str = "") 
     return learner_env, actor_envs
 
 
+def choose_placement(requested: str, actor_devices: list[str], learner_device: str, rollout: str) -> tuple[str, str]:
+    """(`processes` or `colocated`, why) for `artmlx run --placement requested` on the devices this process sees."""
+    if requested == "colocated":
+        if actor_devices or learner_device:
+            raise ValueError("--placement colocated runs every role on one device: drop --actor-devices and "
+                             "--learner-device, or use --placement processes")
+        if rollout:
+            raise ValueError("--placement colocated plays environment rollouts; agent rollouts (--rollout) run in "
+                             "actor processes: use --placement processes")
+        return "colocated", "asked for"
+    if requested == "processes":
+        return "processes", "asked for"
+    import mlx.core as mx
+
+    if actor_devices or learner_device:
+        return "processes", "devices were given for the roles"
+    if mx.default_device() == mx.cpu:
+        # on a CPU the processes' own cores are the parallelism, and they measured best there
+        return "processes", "a CPU device: learner and actors each get their share of the cores"
+    if rollout:
+        return "processes", "agent rollouts (--rollout) run in actor processes"
+    gpus = mx.device_count(mx.gpu)
+    if gpus > 1:
+        return "processes", f"{gpus} GPUs: put actors on the others with --actor-devices"
+    return "colocated", "one GPU: actors as threads of the learner's process share its base weights"
+
+
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False,
-                 actor_devices: list[str] | None = None, learner_device: str = "") -> int:
+                 actor_devices: list[str] | None = None, learner_device: str = "", colocated: int = 0) -> int:
+    """The learner and `actors` actor processes; with `colocated`, that many actor threads in the learner's
+    process (and `actors` 0)."""
     run_dir = config.resolved_out()
     config.out = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +160,8 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
     live = sys.stdout.isatty() and not plain
     learner_env, actor_envs = placements(actors, actor_devices or [], learner_device)
     learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
-                   + (["--resume"] if resume else []) + ([] if live else ["--plain"]))
+                   + (["--resume"] if resume else []) + ([] if live else ["--plain"])
+                   + (["--colocated-actors", str(colocated)] if colocated else []))
     os.environ[PARENT_ENV] = str(os.getpid())
     learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env}, preexec_fn=_die_with_parent)
     actor_procs: dict[int, subprocess.Popen] = {}
@@ -198,7 +231,7 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                 delay = min(RESTART_DELAY_MAX_S, RESTART_DELAY_S * 2 ** (quick_crashes[index] - 1))
                 restart_at[index] = now + delay
                 say(f"[run] actor-{index} exited with {process.returncode}; restarting it in {delay:.1f} s")
-            if len(given_up) == actors:
+            if actors and len(given_up) == actors:
                 say("[run] every actor has given up: nothing can produce groups; stopping the learner")
                 all_failed = True
                 learner.send_signal(signal.SIGTERM)

@@ -10,6 +10,9 @@ server of the policy (`_evaluate_agent`), or not at all: its `env` is not its ta
 write a checkpoint first. Acknowledging a group only once it is consumed bounds the buffer to
 `max_in_flight` groups per actor. On a terminal a live view (apps/learner_view.py) shows the state that
 `artmlx status` prints; on a pipe the metrics rows are plain lines, with the status after each eval.
+With `colocated_actors` it also runs that many actors as threads over its own base weights
+(`apps/colocated.py`), which connect to its socket like any actor; its training plan then takes its share of
+the budget.
 """
 
 from __future__ import annotations
@@ -40,13 +43,19 @@ from ..rundir import prepare_run_dir
 from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_state
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
+from ..engine.memory import plan_for
+from .colocated import ColocatedActors, role_budgets
 from .learner_view import LiveView
 
 
 class LearnerService:
     def __init__(self, config: TrainConfig, bind: str, keys: Path | None = None, insecure: bool = False,
-                 resume: bool = False, echo: bool = True, live: bool | None = None):
+                 resume: bool = False, echo: bool = True, live: bool | None = None, colocated_actors: int = 0):
+        """`colocated_actors`: actor threads in this process, sharing its base weights (`apps/colocated.py`)."""
         self.config = config
+        if colocated_actors and config.rollout:
+            raise ValueError("colocated actors play environment rollouts; agent rollouts (`rollout`) run in actor "
+                             "processes: use `artmlx run --placement processes`")
         self.eval_scenarios: list = []
         if config.rollout:  # the agent's code before anything else (RolloutLoadError: exit status 2)
             from ..rollout.agent_code import load_rollout, load_scenarios
@@ -60,6 +69,11 @@ class LearnerService:
         self.spec = LoraSpec.from_config(config)
         opened = open_policy(config.model, self.spec, config.memory_budget_gb, training=True, seed=config.seed)
         self.model, tokenizer, self.trainable, self.plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
+        self.colocated = None
+        if colocated_actors:  # one budget for both roles: the learner trains inside its share of it
+            learner_budget, _ = role_budgets(self.plan.budget, self.plan.shape.weight_bytes, colocated_actors)
+            self.colocated = ColocatedActors(bind, self.model, tokenizer, self.plan, colocated_actors, echo)
+            self.plan = plan_for(self.model, learner_budget)
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
         self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan)
         self.log = open_metrics(self.run_dir, config, echo)
@@ -91,6 +105,9 @@ class LearnerService:
         self.stop_reason: str | None = None
         self.echo = echo
         self.view = LiveView(live=live if echo else False)
+        if self.colocated is not None and self.view.live_enabled:  # the terminal is the view's, as under `artmlx run`
+            self.colocated.log_dir = self.run_dir / "logs"
+            self.colocated.log_dir.mkdir(exist_ok=True)
         self.staleness_histogram: collections.Counter[str] = collections.Counter()
 
     @property
@@ -120,6 +137,9 @@ class LearnerService:
         if hasattr(signal, "SIGHUP"):  # re-read the allowed actor keys: revocation without a restart
             signal.signal(signal.SIGHUP, lambda number, frame: setattr(self, "reload_keys", True))
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
+        if self.colocated is not None:
+            self.colocated.address = self.address  # the bound address (a requested port 0 is resolved)
+            self.colocated.start()
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
@@ -271,6 +291,8 @@ class LearnerService:
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
         self._show(phase="stopping actors")
         unconfirmed = self.hub.shutdown(reason)
+        if self.colocated is not None:
+            self.colocated.stop()
         self._show(phase=f"done: {reason}")
         self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
                         **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,

@@ -113,10 +113,12 @@ def bench_protocol(quick, json_path):
 @click.option("--balance", is_flag=True, help="Tune the synthetic env's user_tokens so train generates and trains "
                                                "for about the same time (the largest overlap bound).")
 @click.option("--shared-too", is_flag=True, help="With --actor-devices, also run the actors on the learner's device.")
+@click.option("--colocated", is_flag=True, help="Also run each actor count colocated: actor threads in the "
+              "learner's process sharing its base weights (`artmlx run --placement colocated`).")
 @click.option("--out", default="runs/bench-pipeline", show_default=True, help="Folder for the runs (an earlier bench's runs in it are replaced).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Config overrides for every run.")
 def bench_pipeline(model, quick, json_path, memory_budget_gb, actor_counts, steps, actor_devices, learner_device,
-                   env, env_arg_items, balance, shared_too, out, settings):
+                   env, env_arg_items, balance, shared_too, colocated, out, settings):
     """`artmlx train` vs `artmlx run` with 1, 2, 3 actors: tokens/s, learner idle, staleness, memory."""
     from . import pipeline
     from .models import bench_model
@@ -138,4 +140,4 @@ def bench_pipeline(model, quick, json_path, memory_budget_gb, actor_counts, step
     _report("pipeline", json_path, lambda: pipeline.run(
         Path(out), [int(a) for a in actor_counts.split(",")], steps or (5 if quick else 12), base + list(settings),
         actor_devices, learner_device, warmup=1 if quick else 2, env_args=env_args or None, tune=balance,
-        shared_too=shared_too, echo=click.echo))
+        shared_too=shared_too, colocated=colocated, echo=click.echo))

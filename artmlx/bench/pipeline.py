@@ -11,7 +11,8 @@ pipeline that overlapped them perfectly would gain over the synchronous loop.
 Actors are placed like `artmlx run` places them: `--actor-devices 1,2` gives actor i the i-th entry
 (a GPU index, or `cpu`), `--learner-device 0` pins the learner; without them every process shares
 the machine's one device. `--shared-too` also runs each actor count on the learner's device, for
-the comparison in the same run.
+the comparison in the same run; `--colocated` also runs each actor count as actor threads of the
+learner's process (`artmlx run --placement colocated`: one copy of the base on one device).
 
 `--balance` first tunes the synthetic workload so that generation and training take about the
 same time in `train` (where the overlap bound is largest, ~2x): two short calibration runs of
@@ -100,7 +101,7 @@ def balance(out: Path, settings: list[str], env_args: dict, learner_env: dict, e
 
 def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], actor_devices: str = "",
         learner_device: str = "", warmup: int = 2, env_args: dict | None = None, tune: bool = False,
-        shared_too: bool = False, echo=print) -> dict:
+        shared_too: bool = False, colocated: bool = False, echo=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for earlier in sorted(out.iterdir()):  # the folder is the benchmark's own: an earlier run's folders go
         if earlier.name.startswith(("train", "run-", "balance")):
@@ -120,23 +121,27 @@ def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], act
     echo(f"train: {sync['seconds_per_update']:.2f} s/update (generation {sync['gen_seconds']:.2f} s, training "
          f"{sync['train_seconds']:.2f} s; ideal overlap bound {sync['ideal_overlap_bound']:.2f}x), "
          f"{sync['gen_tokens_per_s']:,.0f} gen tok/s, peak {sync['learner_peak_gb']:.2f} GB")
-    placements = [(actors, actor_devices) for actors in actor_counts]
+    placements = [(actors, actor_devices, "processes") for actors in actor_counts]
     if shared_too and actor_devices:
-        placements += [(actors, "") for actors in actor_counts]
-    for actors, devices in placements:
+        placements += [(actors, "", "processes") for actors in actor_counts]
+    if colocated:  # actor threads in the learner's process, sharing its base weights, on the learner's device
+        placements += [(actors, "", "colocated") for actors in actor_counts]
+    for actors, devices, placement in placements:
         name = f"run-{actors}" + (f"-on-{devices.replace(',', '-')}" if devices else "-shared")
-        args = ["run", "--actors", str(actors), "--plain", "--out", str(out / name), *overrides]
+        name += "-colocated" if placement == "colocated" else ""
+        args = ["run", "--actors", str(actors), "--placement", placement, "--plain", "--out", str(out / name), *overrides]
         if devices:
             args += ["--actor-devices", devices]
-        if learner_device:
+        if learner_device and placement == "processes":
             args += ["--learner-device", learner_device]
         wall = _launch(args, out / f"{name}.log")
-        result = {"run": name, "actors": actors, "actor_devices": devices, "wall_s": wall,
+        result = {"run": name, "actors": actors, "actor_devices": devices, "placement": placement, "wall_s": wall,
                   **summarize(out / name, warmup)}
         result["speedup_vs_train"] = sync["seconds_per_update"] / result["seconds_per_update"]
         result["fraction_of_ideal"] = result["speedup_vs_train"] / sync["ideal_overlap_bound"]
         results["runs"].append(result)
-        echo(f"run --actors {actors} {'on ' + devices if devices else 'sharing the learner device'}: "
+        where = f"on {devices}" if devices else "colocated" if placement == "colocated" else "sharing the learner device"
+        echo(f"run --actors {actors} {where}: "
              f"{result['seconds_per_update']:.2f} s/update = {result['speedup_vs_train']:.2f}x "
              f"train ({result['fraction_of_ideal']:.2f} of the ideal overlap bound), "
              f"{result['gen_tokens_per_s']:,.0f} gen tok/s, learner idle {result['learner_idle_frac']:.0%}, "

@@ -7,6 +7,7 @@ Adapters are saved in mlx-lm's own format (`adapters.safetensors` + `adapter_con
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -220,3 +221,44 @@ def fingerprint(model_name: str, spec: LoraSpec) -> str:
         weights = sorted((file.name, file.stat().st_size) for file in path.glob("*.safetensors"))
     payload = json.dumps({"base": base, "weights": weights, "lora": spec.__dict__}, sort_keys=True, default=list)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _module_arrays(value) -> list[mx.array]:
+    """Every array a module tree holds, its private ones too (mlx-lm keeps RoPE frequencies as `_freqs`)."""
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, (nn.Module, dict)):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [array for item in value for array in _module_arrays(item)]
+    return []
+
+
+def evaluate_all(model: nn.Module) -> None:
+    """Evaluate every array of `model`, on this thread's stream: a tree that another thread will use (with
+    its own stream, `share_base`) must hold nothing lazy, which only the thread that made it can evaluate."""
+    mx.eval(_module_arrays(model))
+
+
+def share_base(model: nn.Module) -> nn.Module:
+    """A second module tree over the same arrays: the base's weights are held once, and the new tree's adapter
+    tensors can be replaced (`set_adapter_weights`) without touching `model`'s, whose optimizer replaces its own.
+
+    MLX arrays are immutable values (an update rebinds a module's entry to a new array), so two trees that
+    share arrays never see each other's updates; each module is copied shallowly, its children recursively."""
+
+    def clone(value):
+        if isinstance(value, nn.Module):
+            twin = copy.copy(value)  # a dict subclass: its entries and attributes, shallowly
+            for key, child in value.items():
+                dict.__setitem__(twin, key, clone(child))
+            return twin
+        if isinstance(value, list):
+            return [clone(item) for item in value]
+        if isinstance(value, tuple):
+            return tuple(clone(item) for item in value)
+        if isinstance(value, dict):
+            return {key: clone(item) for key, item in value.items()}
+        return value
+
+    return clone(model)

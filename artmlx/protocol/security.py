@@ -108,3 +108,10 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def keys_usage(folder, actor: str) -> str:
+    """What `artmlx keygen` tells the user to do with the keys it wrote."""
+    return (f"learner: --keys {folder} (uses learner.key_secret and {folder}/allowed/)\n"
+            f"actors:  copy {folder}/learner.key, {folder}/{actor}.key and {folder}/{actor}.key_secret "
+            f"to each actor machine and pass --keys there")
