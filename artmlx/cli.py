@@ -198,7 +198,7 @@ def _devices(text: str | None) -> list[str]:
 @click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
 @click.option("--placement", type=click.Choice(["auto", "processes", "colocated"]), default="auto", show_default=True,
               help="colocated: actors as threads of the learner's process, one base copy (one GPU or Mac); "
-                   "processes: actor processes; auto: colocated on one GPU, else processes.")
+                   "processes: actor processes; auto: processes for now (colocated is unmeasured on GPUs).")
 @train_options
 def run(actors, plain, actor_devices, learner_device, placement, config_file, model, env, rollout, scenarios,
         eval_scenarios, steps, seed, out, resume, settings):

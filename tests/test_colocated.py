@@ -47,14 +47,34 @@ def test_role_budgets_count_the_weights_once_and_split_the_rest():
     assert role_budgets(1_000, 2_000, 1) == (2_000, 2_000)  # no room left: each plan sees only the weights
 
 
-def test_placement_is_chosen_and_refuses_what_colocated_cannot_do():
-    assert choose_placement("auto", [], "", "") == ("processes", choose_placement("auto", [], "", "")[1])
-    assert "CPU" in choose_placement("auto", [], "", "")[1]  # these machines: the processes' own cores
-    assert choose_placement("colocated", [], "", "")[0] == "colocated"
+def test_placement_is_chosen_from_the_devices_and_refuses_what_colocated_cannot_do(monkeypatch):
+    assert choose_placement("colocated", [], "", "") == ("colocated", "asked for")
+    assert choose_placement("processes", [], "", "")[0] == "processes"
     with pytest.raises(ValueError, match="--actor-devices"):
         choose_placement("colocated", ["1"], "", "")
     with pytest.raises(ValueError, match="--rollout"):
         choose_placement("colocated", [], "", "agent.py:rollout")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.cpu, 0))
+    assert "CPU" in choose_placement("auto", [], "", "")[1]
+    assert "devices were given" in choose_placement("auto", ["cpu"], "", "")[1]
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu, 0))
+    monkeypatch.setattr(mx, "device_count", lambda kind: 4)
+    assert choose_placement("auto", [], "", "") == ("processes", "4 GPUs: put actors on the others with --actor-devices")
+    monkeypatch.setattr(mx, "device_count", lambda kind: 1)
+    placement, why = choose_placement("auto", [], "", "")
+    assert placement == "processes" and "not yet measured" in why  # until colocated is measured on a GPU
+
+
+def test_colocated_actors_with_keys_need_an_actor_pair(tmp_path):
+    from artmlx.apps.colocated import ColocatedActors
+    from artmlx.protocol.security import make_keys
+
+    model, tokenizer, _ = load_policy("tiny", LoraSpec(rank=8))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="artmlx keygen"):
+        ColocatedActors(model, tokenizer, 1 << 30, 1, keys=tmp_path / "empty")
+    make_keys(tmp_path / "keys")
+    assert ColocatedActors(model, tokenizer, 1 << 30, 1, keys=tmp_path / "keys").keys == tmp_path / "keys"
 
 
 def _play(rollouts, seeds, out):
@@ -105,10 +125,17 @@ def test_a_twin_samples_with_its_own_version_and_the_learner_recomputes_its_logp
     np.testing.assert_array_equal(learner, sampler)
 
 
-def _wait_for_rows(run, count, timeout=300):
+def _wait_for(condition, what, timeout=300):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (not (run / "metrics.jsonl").exists() or len(train_rows(run)) < count):
+    while time.monotonic() < deadline:
+        if condition():
+            return
         time.sleep(0.2)
+    raise AssertionError(f"not seen within {timeout} s: {what}")
+
+
+def _rows(run):
+    return train_rows(run) if (run / "metrics.jsonl").exists() else []
 
 
 @pytest.mark.slow
@@ -116,8 +143,12 @@ def test_colocated_run_trains_in_one_process_and_balances_the_ledger(tmp_path):
     run = tmp_path / "run"
     launcher = artmlx_process("run", "--placement", "colocated", "--out", str(run), "--steps", "3",
                               "--set", "eval_every=3", *SMALL)
-    time.sleep(3)
-    children = children_of(launcher.pid)
+    deadline, children = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not children:
+        children = children_of(launcher.pid)
+        time.sleep(0.2)
+    time.sleep(2)
+    children = children_of(launcher.pid) or children
     output, _ = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, output
     assert "[run] placement: colocated" in output
@@ -139,8 +170,9 @@ def test_a_remote_actor_joins_a_colocated_learner_killed_and_resumed(tmp_path):
                              "--steps", "8", "--set", "eval_every=0", *SMALL)
     remote = artmlx_process("actor", "--connect", address, "--name", "remote")
     try:
-        _wait_for_rows(run, 3)
-        assert max(r["actors"] for r in train_rows(run)) == 2  # the thread and the remote process
+        # the thread and the remote process both serve it, then it has a checkpoint to resume from
+        _wait_for(lambda: any(r["actors"] == 2 for r in _rows(run)) and len(_rows(run)) >= 3,
+                  "3 updates, one of them with 2 actors")
         learner.send_signal(signal.SIGKILL)  # with its actor thread: no goodbye, no final checkpoint
         learner.communicate(timeout=30)
         checkpoint = json.loads(sorted((run / "checkpoints").glob("step_*"))[-1].joinpath("trainer_state.json").read_text())
@@ -163,3 +195,16 @@ def test_a_remote_actor_joins_a_colocated_learner_killed_and_resumed(tmp_path):
     assert final["final"] and final["groups_trained"] == 4 * (8 - checkpoint["step"])
     assert len(final["actors_peak_memory_gb"]) == 2 and final["actors_unconfirmed"] == 0
     assert all(r["staleness_max"] <= 2 for r in rows)
+
+
+@pytest.mark.slow
+def test_a_learner_whose_colocated_actors_all_give_up_stops_with_the_reason(tmp_path):
+    run = tmp_path / "run"
+    learner = artmlx_process("learner", "--bind", f"tcp://127.0.0.1:{free_port()}", "--colocated-actors", "1",
+                             "--out", str(run), "--steps", "3", "--set", "eval_every=0",
+                             "--env", "tests.crashing_env:CrashingEnv", *SMALL)
+    output, _ = learner.communicate(timeout=600)
+    assert learner.returncode == 1, output
+    assert "every colocated actor failed and was given up" in output
+    assert output.count("actor-0 failed:") == 5 and "not restarting it" in output
+    assert read_metrics(run)[-1]["stop_reason"].startswith("every colocated actor failed")

@@ -186,6 +186,10 @@ class ActorService:
         share = self.client.share or config.share_of_update(1)
         return max(1, min(rollouts.groups_per_batch(config.group_size), share))
 
+    def stop_for(self, reason: str) -> None:
+        """Stop at the next turn of the batch being played (another thread's call: a colocated actor's owner)."""
+        self._request_stop(reason)
+
     def _request_stop(self, reason: str) -> None:
         self.stop = True
         if self.client.shutdown_reason is None:
@@ -210,9 +214,6 @@ class ActorService:
             opened = self.policy or open_policy(config.model, spec, budget / 2**30)
             return EpisodeRollouts(opened.model, opened.tokenizer, lambda: make_env(config.env, config.env_args),
                                    SamplingParams.from_config(config), opened.plan, tick=self._tick)
-        if self.policy is not None:
-            raise ValueError("a colocated actor plays environment rollouts; agent rollouts (`rollout`) need "
-                             "actor processes (`artmlx run --placement processes`)")
         from ..rollout.agents import agent_rollouts
 
         rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size

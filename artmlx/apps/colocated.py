@@ -4,8 +4,8 @@ One device (a Mac, one GPU) running a learner process and actor processes holds 
 process, and the processes take turns on the device without knowing of each other. Here the actors run in
 the learner's process instead: each plays with a second module tree over the learner's own arrays
 (`model.policy.share_base`: the base held once, the adapter tensors its own, replaced as broadcasts arrive)
-on its own MLX stream (streams belong to threads), so its decode steps and the learner's training run side by
-side on the device, and the interpreter's lock is released while either waits for the device.
+on its own MLX stream (streams belong to threads), so its decode steps and the learner's training can be on
+the device at the same time, and the interpreter's lock is released while either waits for the device.
 
 Everything else is the pipeline unchanged: a colocated actor connects to the learner's socket over loopback
 and speaks the protocol like any actor (hello with the fingerprint, the admission window, policy versions and
@@ -16,7 +16,12 @@ Memory: the process's budget holds the weights once; what is left is split betwe
 (`LEARNER_SHARE`) and the actors' KV caches, each role's plan sized from its share (`role_budgets`).
 
 An actor thread that raises is restarted like a crashing actor process (`apps/launch.py`'s delays), and
-given up after `MAX_QUICK_CRASHES` crashes in a row, each within `STABLE_S` of its start.
+given up after `MAX_QUICK_CRASHES` crashes in a row, each within `STABLE_S` of its start; once every one has
+given up the learner stops, unless other actors are connected. What a thread cannot survive (a segfault, an
+abort in MLX) ends the whole process, learner included: the price of sharing it.
+
+Not measured on a GPU yet, so `artmlx run --placement auto` does not choose it; on this 2-core CPU one
+colocated actor ran about as fast as one actor process (`benchmarks/RESULTS.md`).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..engine.loading import OpenPolicy
-from ..engine.memory import MemoryPlan, plan_for
+from ..engine.memory import plan_for
 from ..model.policy import evaluate_all, share_base
 from .actor import ActorService
 from .launch import MAX_QUICK_CRASHES, RESTART_DELAY_MAX_S, RESTART_DELAY_S, STABLE_S
 
 LEARNER_SHARE = 0.5  # of the budget beyond the weights: the learner's activations; the rest the actors' KV
 JOIN_S = 30.0  # an actor told to stop leaves at its batch's next turn
+ACTOR_KEY = "actor"  # the key pair colocated actors take from the learner's --keys folder
 
 
 def role_budgets(budget: int, weight_bytes: int, actors: int) -> tuple[int, int]:
@@ -46,33 +52,47 @@ def role_budgets(budget: int, weight_bytes: int, actors: int) -> tuple[int, int]
 
 
 class ColocatedActors:
-    """`count` actor threads playing with `model`'s base for the learner at `address`."""
+    """`count` actor threads playing with `model`'s base, each inside `actor_budget` bytes. `keys`: the learner's
+    CURVE folder, which must then hold an actor pair (`artmlx keygen` writes `actor.key` and `actor.key_secret`)."""
 
-    def __init__(self, address: str, model, tokenizer, plan: MemoryPlan, count: int, echo: bool = True):
-        self.address = address
-        evaluate_all(model)  # here, on the learner's thread: nothing lazy may reach the actors' streams
-        self.model, self.tokenizer = model, tokenizer
-        self.count = count
-        self.echo = echo
-        _, self.actor_budget = role_budgets(plan.budget, plan.shape.weight_bytes, count)
+    def __init__(self, model, tokenizer, actor_budget: int, count: int, keys: Path | None = None, echo: bool = True):
+        if keys is not None and not (Path(keys) / f"{ACTOR_KEY}.key_secret").exists():
+            raise ValueError(f"colocated actors connect with an actor key pair from --keys, and {keys} has no "
+                             f"{ACTOR_KEY}.key_secret: run `artmlx keygen {keys}` (it writes one), or use actor processes")
+        # On the learner's thread, before it trains: nothing lazy may reach the actors' streams, and the tree the
+        # actors copy must be the policy at rest (a copy made during a step would take its training mode, a
+        # zeroed LoRA scale under `lora_disabled`, or a compile trace's arrays).
+        evaluate_all(model)
+        self.template = share_base(model)
+        self.template.eval()
+        self.tokenizer, self.actor_budget, self.keys, self.echo = tokenizer, actor_budget, keys, echo
+        self.address = ""
         self.services: dict[int, ActorService] = {}
+        self.gave_up: set[int] = set()
         self.threads = [threading.Thread(target=self._serve, args=(index,), name=f"colocated-actor-{index}",
                                          daemon=True) for index in range(count)]
-        self.stopping = False
+        self.stopping = threading.Event()
         self.log_dir: Path | None = None  # set by a learner with a live view: each actor's lines go to LOG_DIR/NAME.log
 
-    def start(self) -> None:
+    @property
+    def all_gave_up(self) -> bool:
+        return len(self.gave_up) == len(self.threads)
+
+    def start(self, address: str) -> None:
+        """Connect to the learner's bound `address` (a wildcard bind is reached over loopback)."""
+        self.address = address.replace("//0.0.0.0:", "//127.0.0.1:").replace("//*:", "//127.0.0.1:")
         for thread in self.threads:
             thread.start()
 
     def stop(self) -> None:
         """After the learner's shutdown: ask any actor still playing to stop, wait for the threads to end."""
-        self.stopping = True
+        self.stopping.set()
         for service in list(self.services.values()):
-            service._request_stop("the learner stopped")
+            service.stop_for("the learner stopped")
         deadline = time.monotonic() + JOIN_S
         for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def say(self, text: str) -> None:
         if self.log_dir is not None:
@@ -84,16 +104,20 @@ class ColocatedActors:
     def _serve(self, index: int) -> None:
         name, crashes = f"actor-{index}", 0
         with mx.stream(mx.new_thread_local_stream(mx.default_device())):
-            while not self.stopping:
-                twin = share_base(self.model)
-                policy = OpenPolicy(twin, self.tokenizer, 0, self.actor_budget, plan_for(twin, self.actor_budget))
+            while not self.stopping.is_set():
                 started = time.monotonic()
                 try:
+                    twin = share_base(self.template)
+                    policy = OpenPolicy(twin, self.tokenizer, 0, self.actor_budget, plan_for(twin, self.actor_budget))
                     log = self.log_dir / f"{name}.log" if self.log_dir is not None else None
-                    self.services[index] = ActorService(self.address, name, echo=self.echo, policy=policy, log=log)
-                    self.services[index].run()
+                    service = ActorService(self.address, name, self.keys, ACTOR_KEY, echo=self.echo, policy=policy,
+                                           log=log)
+                    self.services[index] = service
+                    if self.stopping.is_set():  # stop() may have looked at `services` before this one was there
+                        service.stop_for("the learner stopped")
+                    service.run()
                     break
-                except SystemExit:  # stopped before the learner welcomed it
+                except SystemExit:  # ActorService's way of ending before the learner welcomed it
                     break
                 except Exception as error:  # the thread's edge: said with its traceback, then restarted
                     crashes = crashes + 1 if time.monotonic() - started < STABLE_S else 1
@@ -101,10 +125,11 @@ class ColocatedActors:
                     if crashes >= MAX_QUICK_CRASHES:
                         self.say(f"{name} failed {crashes} times in a row, each within {STABLE_S:.0f} s of starting; "
                                  "not restarting it")
+                        self.gave_up.add(index)
                         break
                     delay = min(RESTART_DELAY_MAX_S, RESTART_DELAY_S * 2 ** (crashes - 1))
                     self.say(f"restarting {name} in {delay:.1f} s")
-                    time.sleep(delay)
+                    self.stopping.wait(delay)
             mx.synchronize()
         # this thread's streams go with it, not in C++ thread-local teardown at exit (see engine/scheduler.py)
         mx.clear_streams()

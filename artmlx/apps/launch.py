@@ -25,10 +25,8 @@ that GPU, `CUDA_VISIBLE_DEVICES`, so a multi-GPU host stands in for several mach
 (MLX's CPU device, `ARTMLX_DEVICE=cpu`); `learner_device` pins the learner likewise. Each process is
 told how many processes share its device (`ARTMLX_MEMORY_SHARING`), and its default memory budget is
 its share of that device (`engine/memory.py`). On Apple silicon there is one GPU: every GPU process
-shares it, and only `cpu` places a process elsewhere. `choose_placement` decides between these processes and
-colocated actors (threads of the learner's process over its base weights, `apps/colocated.py`): colocated
-on a single GPU, processes on a CPU device (each process's share of the cores is the parallelism there), on
-several GPUs, where devices are given and for agent rollouts.
+shares it, and only `cpu` places a process elsewhere. `--placement colocated` runs the actors as threads of
+the learner's process instead (`apps/colocated.py`); `choose_placement` says why `auto` chose what it chose.
 """
 
 from __future__ import annotations
@@ -115,7 +113,10 @@ def placements(actors: int, actor_devices: list[str], learner_device: str = "") 
 
 
 def choose_placement(requested: str, actor_devices: list[str], learner_device: str, rollout: str) -> tuple[str, str]:
-    """(`processes` or `colocated`, why) for `artmlx run --placement requested` on the devices this process sees."""
+    """(`processes` or `colocated`, why) for `artmlx run --placement requested` on the devices this process sees.
+
+    `auto` is processes for now: on this 2-core CPU they are what measured best, and colocated actors have not
+    been measured on a GPU (or a Mac) yet, so they are not made the default there before they are."""
     if requested == "colocated":
         if actor_devices or learner_device:
             raise ValueError("--placement colocated runs every role on one device: drop --actor-devices and "
@@ -131,14 +132,11 @@ def choose_placement(requested: str, actor_devices: list[str], learner_device: s
     if actor_devices or learner_device:
         return "processes", "devices were given for the roles"
     if mx.default_device() == mx.cpu:
-        # on a CPU the processes' own cores are the parallelism, and they measured best there
         return "processes", "a CPU device: learner and actors each get their share of the cores"
-    if rollout:
-        return "processes", "agent rollouts (--rollout) run in actor processes"
     gpus = mx.device_count(mx.gpu)
     if gpus > 1:
         return "processes", f"{gpus} GPUs: put actors on the others with --actor-devices"
-    return "colocated", "one GPU: actors as threads of the learner's process share its base weights"
+    return "processes", "one GPU: --placement colocated shares it from one process, not yet measured there"
 
 
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False,

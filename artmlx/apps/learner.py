@@ -28,6 +28,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..engine.loading import open_policy
+from ..engine.memory import plan_for
 from ..envs.base import make_env, outcomes_of
 from ..rollout.evaluation import evaluate, evaluate_agent, unevaluated_note
 from ..metrics import check_sinks, open_metrics
@@ -43,7 +44,6 @@ from ..rundir import prepare_run_dir
 from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_state
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
-from ..engine.memory import plan_for
 from .colocated import ColocatedActors, role_budgets
 from .learner_view import LiveView
 
@@ -71,8 +71,8 @@ class LearnerService:
         self.model, tokenizer, self.trainable, self.plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
         self.colocated = None
         if colocated_actors:  # one budget for both roles: the learner trains inside its share of it
-            learner_budget, _ = role_budgets(self.plan.budget, self.plan.shape.weight_bytes, colocated_actors)
-            self.colocated = ColocatedActors(bind, self.model, tokenizer, self.plan, colocated_actors, echo)
+            learner_budget, actor_budget = role_budgets(self.plan.budget, self.plan.shape.weight_bytes, colocated_actors)
+            self.colocated = ColocatedActors(self.model, tokenizer, actor_budget, colocated_actors, keys, echo)
             self.plan = plan_for(self.model, learner_budget)
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
         self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan)
@@ -109,6 +109,7 @@ class LearnerService:
             self.colocated.log_dir = self.run_dir / "logs"
             self.colocated.log_dir.mkdir(exist_ok=True)
         self.staleness_histogram: collections.Counter[str] = collections.Counter()
+        self.failed = False  # the run could not go on (every colocated actor gave up): a non-zero exit
 
     @property
     def address(self) -> str:
@@ -118,8 +119,13 @@ class LearnerService:
         return time.perf_counter() - self.started
 
     def run(self) -> Path:
+        """Train to the end; a run that could not go on (`failed`) raises ValueError with the reason, after its
+        final checkpoint and row."""
         with self.view:
-            return self._run()
+            run_dir = self._run()
+        if self.failed:
+            raise ValueError(self.stop_reason)
+        return run_dir
 
     def _show(self, **fields) -> None:
         """Update what the live view and `artmlx status` show, and redraw now."""
@@ -138,8 +144,7 @@ class LearnerService:
             signal.signal(signal.SIGHUP, lambda number, frame: setattr(self, "reload_keys", True))
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         if self.colocated is not None:
-            self.colocated.address = self.address  # the bound address (a requested port 0 is resolved)
-            self.colocated.start()
+            self.colocated.start(self.address)
         if self.echo:
             print(f"learner on {self.address}: run {self.run_dir}, fingerprint {self.fingerprint}, "
                   f"{self.trainable:,} LoRA parameters", flush=True)
@@ -165,6 +170,10 @@ class LearnerService:
                 self._drop_stale()
                 self.hub.extra_status["queue_depth"] = len(self.buffer)
                 idle += time.perf_counter() - waited
+                if self.colocated is not None and self.colocated.all_gave_up and not self.hub.actors:
+                    self.stop_reason = "every colocated actor failed and was given up (its errors are above)"
+                    self.failed = True
+                    break
                 if len(self.buffer) < self.config.groups_per_step:
                     self.hub.extra_status["phase"] = "waiting for groups"
                     self.view.update(self.hub.status)
@@ -290,9 +299,11 @@ class LearnerService:
                 checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
         self._show(phase="stopping actors")
-        unconfirmed = self.hub.shutdown(reason)
-        if self.colocated is not None:
-            self.colocated.stop()
+        try:
+            unconfirmed = self.hub.shutdown(reason)
+        finally:
+            if self.colocated is not None:
+                self.colocated.stop()
         self._show(phase=f"done: {reason}")
         self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
                         **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,

@@ -127,14 +127,15 @@ def run(out: Path, actor_counts: list[int], steps: int, settings: list[str], act
     if colocated:  # actor threads in the learner's process, sharing its base weights, on the learner's device
         placements += [(actors, "", "colocated") for actors in actor_counts]
     for actors, devices, placement in placements:
-        name = f"run-{actors}" + (f"-on-{devices.replace(',', '-')}" if devices else "-shared")
-        name += "-colocated" if placement == "colocated" else ""
+        name = f"run-{actors}" + (f"-on-{devices.replace(',', '-')}" if devices else
+                                  "-colocated" if placement == "colocated" else "-shared")
         args = ["run", "--actors", str(actors), "--placement", placement, "--plain", "--out", str(out / name), *overrides]
         if devices:
             args += ["--actor-devices", devices]
         if learner_device and placement == "processes":
             args += ["--learner-device", learner_device]
-        wall = _launch(args, out / f"{name}.log")
+        # a colocated run is one process, placed where `train` was
+        wall = _launch(args, out / f"{name}.log", learner_env if placement == "colocated" else None)
         result = {"run": name, "actors": actors, "actor_devices": devices, "placement": placement, "wall_s": wall,
                   **summarize(out / name, warmup)}
         result["speedup_vs_train"] = sync["seconds_per_update"] / result["seconds_per_update"]

@@ -244,12 +244,17 @@ def share_base(model: nn.Module) -> nn.Module:
     """A second module tree over the same arrays: the base's weights are held once, and the new tree's adapter
     tensors can be replaced (`set_adapter_weights`) without touching `model`'s, whose optimizer replaces its own.
 
-    MLX arrays are immutable values (an update rebinds a module's entry to a new array), so two trees that
-    share arrays never see each other's updates; each module is copied shallowly, its children recursively."""
+    An update (the optimizer's, `load_weights`) rebinds a module's entry to a new array rather than writing
+    into the old one, so two trees that share arrays never see each other's updates (nothing here writes into
+    an array in place). Each module is copied shallowly, its children recursively, and its sets (`freeze`'s
+    `_no_grad`) are its own."""
 
     def clone(value):
         if isinstance(value, nn.Module):
             twin = copy.copy(value)  # a dict subclass: its entries and attributes, shallowly
+            for name, attribute in vars(value).items():
+                if isinstance(attribute, set):
+                    object.__setattr__(twin, name, set(attribute))
             for key, child in value.items():
                 dict.__setitem__(twin, key, clone(child))
             return twin
