@@ -208,3 +208,17 @@ def test_a_learner_whose_colocated_actors_all_give_up_stops_with_the_reason(tmp_
     assert "every colocated actor failed and was given up" in output
     assert output.count("actor-0 failed:") == 5 and "not restarting it" in output
     assert read_metrics(run)[-1]["stop_reason"].startswith("every colocated actor failed")
+
+
+@pytest.mark.slow
+def test_colocated_actors_connect_to_a_learner_with_curve_keys(tmp_path):
+    from artmlx.protocol.security import make_keys
+
+    make_keys(tmp_path / "keys")
+    run = tmp_path / "run"
+    learner = artmlx_process("learner", "--bind", f"tcp://127.0.0.1:{free_port()}", "--keys", str(tmp_path / "keys"),
+                             "--colocated-actors", "1", "--out", str(run), "--steps", "1", "--set", "eval_every=0", *SMALL)
+    output, _ = learner.communicate(timeout=300)
+    assert learner.returncode == 0, output
+    final = read_metrics(run)[-1]
+    assert final["groups_trained"] == 4 and final["groups_unaccounted"] == 0 and final["actors_unconfirmed"] == 0
