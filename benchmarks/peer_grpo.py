@@ -117,6 +117,9 @@ def artmlx(command: list[str], folder: str, groups: int, reply: int, steps: int,
 
 
 def main() -> None:
+    from artmlx.fast_blas import blas_description, reexec_with_fast_blas
+
+    reexec_with_fast_blas()  # mlx-lm-lora runs in this process: the BLAS the `artmlx` commands get, for both
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="qwen3-0.6b", help="A synth architecture or a model folder.")
     parser.add_argument("--prompt", type=int, default=19, help="Prompt words (one token each on synth tokenizers).")
@@ -132,7 +135,7 @@ def main() -> None:
     folder = model_folder(args.model)
     only = set(args.only or ["mlx-lm-lora", "train", "run"])
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "model": args.model,
-              "machine": platform.platform(), "workload": {"G": GROUP_SIZE, "groups": args.groups, "prompt_words": args.prompt,
+              "machine": platform.platform(), "blas": blas_description(), "workload": {"G": GROUP_SIZE, "groups": args.groups, "prompt_words": args.prompt,
                                                           "reply_tokens": args.reply, "steps": args.steps},
               "peer_float32": args.peer_float32, "methods": {}}
     with tempfile.TemporaryDirectory() as scratch:
