@@ -191,7 +191,7 @@ def _devices(text: str | None) -> list[str]:
 
 
 @cli.command()
-@click.option("--actors", type=int, help="Actor processes (default: one per two spare cores, at least 2).")
+@click.option("--actors", type=int, help="Actors (default: one per two spare cores, at least 2; colocated: 1).")
 @click.option("--plain", is_flag=True, help="Plain log lines even on a terminal (no live view).")
 @click.option("--actor-devices", metavar="D0,D1,...",
               help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")

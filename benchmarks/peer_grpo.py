@@ -11,7 +11,8 @@ machine, on one random-weight model folder (`artmlx model synth`, real shape, vo
   then its loss and update), LoRA of the same rank, scale and layers as ours (mlx-lm's own LoRA layers),
   temperature 1 with no top-p/top-k, `beta` 0 (no reference pass; artmlx's `kl_coef` is 0 too), `--groups`
   prompts of G = 4 a step, a hashed reward per completion; each iteration timed from its report callback;
-  (`--peer-float32`: the model in float32, as artmlx computes on a CPU; as shipped it keeps bfloat16);
+  (`--peer-float32`: its floating-point parameters in float32; its 4-bit layers stay 4-bit, where artmlx's
+  CPU backend multiplies dequantized float32 copies through the BLAS, `model/backend.py`);
 - `artmlx train` and `artmlx run --actors 1 --placement processes`: the `synthetic` environment with a
   `--prompt`-word prompt and one reply of up to `--reply` tokens, `--groups` groups of 4 a step.
 

@@ -75,6 +75,9 @@ def test_colocated_actors_with_keys_need_an_actor_pair(tmp_path):
         ColocatedActors(model, tokenizer, 1 << 30, 1, keys=tmp_path / "empty")
     make_keys(tmp_path / "keys")
     assert ColocatedActors(model, tokenizer, 1 << 30, 1, keys=tmp_path / "keys").keys == tmp_path / "keys"
+    (tmp_path / "keys" / "allowed" / "actor.key").unlink()  # revoked: its handshake would go unanswered
+    with pytest.raises(ValueError, match="not in"):
+        ColocatedActors(model, tokenizer, 1 << 30, 1, keys=tmp_path / "keys")
 
 
 def _play(rollouts, seeds, out):

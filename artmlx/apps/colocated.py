@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 import mlx.core as mx
+import zmq.auth
 
 from ..engine.loading import OpenPolicy
 from ..engine.memory import plan_for
@@ -51,14 +52,27 @@ def role_budgets(budget: int, weight_bytes: int, actors: int) -> tuple[int, int]
             weight_bytes + int(free * (1 - LEARNER_SHARE) / max(actors, 1)))
 
 
+def check_actor_pair(keys: Path) -> None:
+    """Colocated actors connect with the `actor` pair of the learner's --keys folder, which the learner must allow
+    (a handshake it refuses is dropped without an answer: the actors would wait for ever)."""
+    from ..protocol.security import allowed_keys
+
+    if not (keys / f"{ACTOR_KEY}.key_secret").exists():
+        raise ValueError(f"colocated actors connect with an actor key pair from --keys, and {keys} has no "
+                         f"{ACTOR_KEY}.key_secret: run `artmlx keygen {keys}` (it writes one), or use actor processes")
+    public, _ = zmq.auth.load_certificate(str(keys / f"{ACTOR_KEY}.key"))
+    if public.decode("ascii") not in allowed_keys(keys):
+        raise ValueError(f"{keys}/{ACTOR_KEY}.key is not in {keys}/allowed/: copy it there to let the colocated "
+                         "actors connect")
+
+
 class ColocatedActors:
     """`count` actor threads playing with `model`'s base, each inside `actor_budget` bytes. `keys`: the learner's
     CURVE folder, which must then hold an actor pair (`artmlx keygen` writes `actor.key` and `actor.key_secret`)."""
 
     def __init__(self, model, tokenizer, actor_budget: int, count: int, keys: Path | None = None, echo: bool = True):
-        if keys is not None and not (Path(keys) / f"{ACTOR_KEY}.key_secret").exists():
-            raise ValueError(f"colocated actors connect with an actor key pair from --keys, and {keys} has no "
-                             f"{ACTOR_KEY}.key_secret: run `artmlx keygen {keys}` (it writes one), or use actor processes")
+        if keys is not None:
+            check_actor_pair(Path(keys))
         # On the learner's thread, before it trains: nothing lazy may reach the actors' streams, and the tree the
         # actors copy must be the policy at rest (a copy made during a step would take its training mode, a
         # zeroed LoRA scale under `lora_disabled`, or a compile trace's arrays).
@@ -80,7 +94,9 @@ class ColocatedActors:
 
     def start(self, address: str) -> None:
         """Connect to the learner's bound `address` (a wildcard bind is reached over loopback)."""
-        self.address = address.replace("//0.0.0.0:", "//127.0.0.1:").replace("//*:", "//127.0.0.1:")
+        for wildcard, loopback in (("//0.0.0.0:", "//127.0.0.1:"), ("//*:", "//127.0.0.1:"), ("//[::]:", "//[::1]:")):
+            address = address.replace(wildcard, loopback)
+        self.address = address
         for thread in self.threads:
             thread.start()
 
