@@ -20,7 +20,7 @@ from artmlx.model.policy import (LoraSpec, adapter_weights, evaluate_all, load_p
                                  share_base)
 from artmlx.netutil import free_port
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
-from tests.test_pipeline import SMALL, alive, artmlx_process, children_of, train_rows
+from tests.test_pipeline import SMALL, alive, artmlx_process, assert_resumed, children_of, train_rows
 
 
 def test_share_base_holds_the_weights_once_and_keeps_adapters_apart():
@@ -189,15 +189,9 @@ def test_a_remote_actor_joins_a_colocated_learner_killed_and_resumed(tmp_path):
         for process in (learner, remote):
             if process.poll() is None:
                 process.kill()
-    rows = train_rows(run)
-    steps = [r["step"] for r in rows]
-    assert steps == sorted(steps) and steps[-1] == 8 and len(steps) == len(set(steps))
-    first_resumed = [r for r in rows if r["step"] == checkpoint["step"] + 1][0]
-    assert first_resumed["policy_version"] == checkpoint["policy_version"] + 1
-    final = read_metrics(run)[-1]
-    assert final["final"] and final["groups_trained"] == 4 * (8 - checkpoint["step"])
+    final = assert_resumed(run, checkpoint, 8)
     assert len(final["actors_peak_memory_gb"]) == 2 and final["actors_unconfirmed"] == 0
-    assert all(r["staleness_max"] <= 2 for r in rows)
+    assert all(r["staleness_max"] <= 2 for r in train_rows(run))
 
 
 @pytest.mark.slow

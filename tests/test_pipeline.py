@@ -131,14 +131,21 @@ def test_learner_kill_9_and_resume_with_running_actors(tmp_path):
         for process in (learner, actor):
             if process.poll() is None:
                 process.kill()
+    assert_resumed(run, checkpoint, 8)
+    assert "training finished" in actor_output
+
+
+def assert_resumed(run, checkpoint: dict, steps: int) -> dict:
+    """A run killed after `checkpoint` and resumed to `steps`: each update once, in order, the versions going on
+    from the checkpoint's, and the resumed session's groups (4 an update) trained; returns its final row."""
     rows = train_rows(run)
-    steps = [r["step"] for r in rows]
-    assert steps == sorted(steps) and steps[-1] == 8 and len(steps) == len(set(steps))
+    done = [r["step"] for r in rows]
+    assert done == sorted(done) and done[-1] == steps and len(done) == len(set(done))
     first_resumed = [r for r in rows if r["step"] == checkpoint["step"] + 1][0]
     assert first_resumed["policy_version"] == checkpoint["policy_version"] + 1
     final = read_metrics(run)[-1]
-    assert final["final"] and final["groups_trained"] == 4 * (8 - checkpoint["step"])
-    assert "training finished" in actor_output
+    assert final["final"] and final["groups_trained"] == 4 * (steps - checkpoint["step"])
+    return final
 
 
 def _wait_gone(pids, timeout=60):

@@ -85,7 +85,7 @@ class ActorService:
         row, said here) after leaving cleanly."""
         if self.policy is None:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda number, frame: self._request_stop(f"stopped by signal {number}"))
+                signal.signal(sig, lambda number, frame: self.request_stop(f"stopped by signal {number}"))
         welcome = self._hello_until_welcome()
         rollouts = None
         try:
@@ -105,7 +105,7 @@ class ActorService:
             self._play(config, rollouts)
         except RolloutsFailing as failing:
             self.say(str(failing))
-            self._request_stop("its rollouts keep failing")
+            self.request_stop("its rollouts keep failing")
             raise
         finally:
             reason = self.client.shutdown_reason or "stopped by signal"
@@ -186,11 +186,8 @@ class ActorService:
         share = self.client.share or config.share_of_update(1)
         return max(1, min(rollouts.groups_per_batch(config.group_size), share))
 
-    def stop_for(self, reason: str) -> None:
-        """Stop at the next turn of the batch being played (another thread's call: a colocated actor's owner)."""
-        self._request_stop(reason)
-
-    def _request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next turn of the batch being played (a signal, or a colocated actor's owner)."""
         self.stop = True
         if self.client.shutdown_reason is None:
             self.client.shutdown_reason = reason  # also ends a wait for a window slot

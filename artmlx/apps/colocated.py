@@ -104,7 +104,7 @@ class ColocatedActors:
         """After the learner's shutdown: ask any actor still playing to stop, wait for the threads to end."""
         self.stopping.set()
         for service in list(self.services.values()):
-            service.stop_for("the learner stopped")
+            service.request_stop("the learner stopped")
         deadline = time.monotonic() + JOIN_S
         for thread in self.threads:
             if thread.is_alive():
@@ -130,7 +130,7 @@ class ColocatedActors:
                                            log=log)
                     self.services[index] = service
                     if self.stopping.is_set():  # stop() may have looked at `services` before this one was there
-                        service.stop_for("the learner stopped")
+                        service.request_stop("the learner stopped")
                     service.run()
                     break
                 except SystemExit:  # ActorService's way of ending before the learner welcomed it
