@@ -26,6 +26,7 @@ colocated actor ran about as fast as one actor process (`benchmarks/RESULTS.md`)
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import traceback
@@ -118,7 +119,7 @@ class ColocatedActors:
             print(f"[colocated] {text}", flush=True)
 
     def _serve(self, index: int) -> None:
-        name, crashes = f"actor-{index}", 0
+        name, crashes, seen = f"actor-{index}", 0, collections.Counter()
         with mx.stream(mx.new_thread_local_stream(mx.default_device())):
             while not self.stopping.is_set():
                 started = time.monotonic()
@@ -135,9 +136,12 @@ class ColocatedActors:
                     break
                 except SystemExit:  # ActorService's way of ending before the learner welcomed it
                     break
-                except Exception as error:  # the thread's edge: said with its traceback, then restarted
+                except Exception as error:  # the thread's edge: said (its traceback the first time), then restarted
                     crashes = crashes + 1 if time.monotonic() - started < STABLE_S else 1
-                    self.say(f"{name} failed: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+                    kind = f"{type(error).__name__}: {error}"
+                    seen[kind] += 1
+                    self.say(f"{name} failed: {kind}\n{traceback.format_exc()}" if seen[kind] == 1
+                             else f"{name} failed again ({seen[kind]} times so far): {kind}")
                     if crashes >= MAX_QUICK_CRASHES:
                         self.say(f"{name} failed {crashes} times in a row, each within {STABLE_S:.0f} s of starting; "
                                  "not restarting it")
