@@ -29,6 +29,7 @@ from ..model.policy import lora_disabled
 from ..trajectory import Episode, Group
 from .batching import MicroBatch, make_microbatch, make_units, pack_units
 from .checkpointing import checkpointed
+from .data_parallel import shard_groups, sum_across, sum_scalars, zeros_like_tree
 from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 from .settings import TrainerSettings
@@ -46,7 +47,9 @@ class _StepData:
 
 
 class GRPOTrainer:
-    def __init__(self, model: nn.Module, config: TrainerSettings, plan: MemoryPlan | None = None):
+    def __init__(self, model: nn.Module, config: TrainerSettings, plan: MemoryPlan | None = None,
+                 group: mx.distributed.Group | None = None):
+        """`group`: the ranks of a data-parallel learner (`data_parallel.py`); each trains a share of every step."""
         if not isinstance(config, TrainerSettings):
             raise TypeError(f"GRPOTrainer takes TrainerSettings (TrainerSettings.of(config)), "
                             f"not {type(config).__name__}")
@@ -54,6 +57,7 @@ class GRPOTrainer:
         self.config = config
         self.plan = plan
         self.parts = model_parts(model)
+        self.group = group if group is not None and group.size() > 1 else None
         self.optimizer = optim.AdamW(
             learning_rate=config.learning_rate,
             betas=list(config.adam_betas),
@@ -226,10 +230,14 @@ class GRPOTrainer:
         config = self.config
         episodes = [data.episodes[i] for members in groups for i in members]
         policy_tokens = sum(e.policy_tokens for e in episodes)
-        grads, step_loss = None, 0.0
+        grads, sums = None, {"loss": 0.0, "ratio_max": 0.0}
         checkpoints = self.checkpoints(episodes)
         totals["checkpointed"] = totals.get("checkpointed", False) or checkpoints
-        for batch in self.microbatches(data.episodes, data.advantages, groups):
+        share = groups
+        if self.group is not None:  # this rank's whole groups; the weights above still count the whole step's
+            costs = [sum(len(data.episodes[i].tokens) for i in members) for members in groups]
+            share = [groups[g] for g in shard_groups(costs, self.group.size())[self.group.rank()]]
+        for batch in self.microbatches(data.episodes, data.advantages, share) if share else []:
             weights = token_weights(batch.mask, config.normalization, len(episodes) + flat_episodes, policy_tokens,
                                     config.constant_length)
             base_logp = None
@@ -243,12 +251,17 @@ class GRPOTrainer:
                 (loss, metrics), micro_grads = self._grad_step(*arrays)
             grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
             mx.eval(grads, loss, metrics)
-            step_loss += loss.item()
+            sums["loss"] += loss.item()
             for name, value in metrics.items():
-                if name == "ratio_max":
-                    totals[name] = max(totals[name], value.item())
-                else:
-                    totals[name] += value.item()
+                sums[name] = max(sums[name], value.item()) if name == "ratio_max" else sums.get(name, 0.0) + value.item()
+        if grads is None:  # a rank whose share of this step is empty
+            grads = zeros_like_tree(self.model.trainable_parameters())
+        if self.group is not None:
+            grads = sum_across(grads, self.group)
+            sums = sum_scalars({n: sums.get(n, 0.0) for n in totals if n != "checkpointed"}, self.group, ("ratio_max",))
+        step_loss = sums.pop("loss")
+        for name, value in sums.items():
+            totals[name] = max(totals[name], value) if name == "ratio_max" else totals[name] + value
         grads, grad_norm = optim.clip_grad_norm(grads, config.max_grad_norm or float("inf"))
         norm = grad_norm.item()
         if not (math.isfinite(norm) and math.isfinite(step_loss)):

@@ -1,0 +1,126 @@
+"""Data-parallel GRPO updates over mx.distributed's ring backend (issue 23), on local processes.
+
+    python benchmarks/data_parallel.py --ranks 2 --threads 1 --json out.json --adapters out.safetensors
+
+starts `--ranks` processes (MLX_RANK, a ring hostfile of local ports, `--threads` BLAS threads each); every rank
+loads the embedded model with the same seeded adapters, plays the same tic-tac-toe groups, and runs `--steps`
+GRPO updates, each training its share of the groups (`artmlx/learner/data_parallel.py`). Rank 0 writes the
+adapters after the last update and the seconds per update. With `--ranks 1` it is the single-process trainer,
+so two invocations compare the update (equivalence) and the time (2 ranks x 1 thread against 1 x 2 threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def launch(args) -> int:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads),
+           "PYTHONPATH": str(ROOT)}
+    hostfile = Path(args.json).with_suffix(".hosts.json")
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"] for port in _free_ports(args.ranks)]))
+    command = [sys.executable, __file__, "--worker", *sys.argv[1:]]
+    procs = [subprocess.Popen(command, env={**env, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)})
+             for rank in range(args.ranks)]
+    # A rank that fails must end the others: the ring raises in a survivor's next collective for small
+    # messages, but a survivor blocked in a large all_sum was seen waiting for good (mlx 0.32.4, CPU).
+    deadline = time.monotonic() + args.timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        failed = [rank for rank, p in enumerate(procs) if p.poll()]
+        if failed:
+            print(f"rank {failed[0]} exited with {procs[failed[0]].returncode}: stopping the other ranks", flush=True)
+            break
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    codes = [p.wait() for p in procs]
+    print(f"ranks exited with {codes}", flush=True)
+    return 1 if any(codes) else 0
+
+
+def worker(args) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from artmlx.config import load_config
+    from artmlx.envs import make_env
+    from artmlx.learner.data_parallel import same_everywhere
+    from artmlx.learner.settings import TrainerSettings
+    from artmlx.learner.trainer import GRPOTrainer
+    from artmlx.model.policy import LoraSpec, load_policy
+    from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
+
+    group = mx.distributed.init(backend="ring", strict=True) if args.ranks > 1 else None
+    mx.random.seed(0)
+    model, tokenizer, _ = load_policy("tiny", LoraSpec(rank=8, scale=20.0))
+    noisy = [(k, mx.random.normal(v.shape) * 0.01) for k, v in tree_flatten(model.trainable_parameters())]
+    model.load_weights(noisy, strict=False)
+    config = load_config(None, {"learning_rate": 1e-3, "minibatches": args.minibatches,
+                                "max_batch_tokens": args.batch_tokens})
+    trainer = GRPOTrainer(model, TrainerSettings.of(config), group=group)
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    batches = [engine.play(list(range(step * args.groups, (step + 1) * args.groups)), args.group_size,
+                           mx.random.key(step)) for step in range(args.steps + 1)]
+    if group is not None:
+        tokens = {"t": mx.array([sum(t * (i + 1) for i, t in enumerate(e.tokens))
+                                 for batch in batches for g in batch for e in g.episodes], mx.float32)}
+        if not (same_everywhere(model.trainable_parameters(), group) and same_everywhere(tokens, group)):
+            raise SystemExit("ranks start from different adapters or groups")
+    trainer.train_step(batches[0])  # warm-up: the first update's shapes
+    if group is not None and group.rank() == args.exit_rank:  # a rank lost mid-run (the fault test)
+        os._exit(3)
+    started = time.perf_counter()
+    rows = [trainer.train_step(batch) for batch in batches[1:]]
+    seconds = (time.perf_counter() - started) / args.steps
+    if group is None or group.rank() == 0:
+        mx.save_safetensors(args.adapters, dict(tree_flatten(model.trainable_parameters())))
+        Path(args.json).write_text(json.dumps({
+            "ranks": args.ranks, "threads_per_rank": args.threads, "seconds_per_update": seconds,
+            "groups": args.groups, "group_size": args.group_size, "steps": args.steps,
+            "tokens_trained": [r["tokens_trained"] for r in rows], "loss": [r["loss"] for r in rows],
+            "grad_norm": [r["grad_norm"] for r in rows]}, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="BLAS threads per rank")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=2, help="timed updates after one warm-up update")
+    parser.add_argument("--minibatches", type=int, default=1)
+    parser.add_argument("--batch-tokens", type=int, default=0, help="max_batch_tokens (0: the default)")
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--adapters", required=True)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--exit-rank", type=int, default=-1, help="this rank exits after the warm-up update (a fault)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
