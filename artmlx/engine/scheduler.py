@@ -107,8 +107,8 @@ class Scheduler:
         self.kept: set[int] = set()  # versions servable while idle (beyond the newest)
         self.holds: collections.Counter[int] = collections.Counter()  # leases: servable while held
         self.batches: dict[int, _Batch] = {}  # by version
-        self.decode_forwards = 0  # one per batch that had running requests in a step: what batching saves
-        self.tokens_sampled = 0
+        # forwards of batches with running requests, tokens sampled, and the most requests one forward served
+        self.decode_forwards = self.tokens_sampled = self.peak_rows = 0
 
     @property
     def running(self) -> list[Request]:
@@ -240,7 +240,7 @@ class Scheduler:
         tokens (`mx.async_eval`), so the device computes the next logits while the host does each
         request's bookkeeping; rows that finished in this step are dropped from its result (their
         one extra position in the cache goes with them)."""
-        built = time.perf_counter()
+        built, self.peak_rows = time.perf_counter(), max(self.peak_rows, len(batch.running))
         self.key, step_key = mx.random.split(self.key)
         temperatures = np.array([r.temperature for r in batch.running], np.float32)
         plain = all(r.options.plain for r in batch.running)

