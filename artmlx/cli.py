@@ -138,7 +138,8 @@ def actor_main() -> None:
 @train_options
 def learner(bind, keys, insecure, plain, colocated_actors, config_file, model, env, rollout, scenarios, eval_scenarios,
             steps, seed, out, resume, settings):
-    """The learner process: serves actors, trains on their groups, broadcasts adapters."""
+    """The learner process: serves actors, trains on their groups, broadcasts adapters. Started as several ranks
+    (mlx.launch's MLX_RANK and MLX_HOSTFILE), rank 0 does that and the others train their share of each update."""
     from .apps.launch import watch_parent
 
     watch_parent()  # under `artmlx run`: stop (checkpointing) if the supervisor is gone
@@ -146,8 +147,13 @@ def learner(bind, keys, insecure, plain, colocated_actors, config_file, model, e
         config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
                                settings)
         from .apps.learner import LearnerService
+        from .apps.learner_ranks import follow, rank_link
 
-        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume,
+        ranks = rank_link()
+        if ranks is not None and ranks.rank > 0:
+            click.echo(f"learner rank {ranks.rank} of {ranks.size} done: {follow(config, ranks)} updates trained")
+            return
+        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume, ranks=ranks,
                                  live=False if plain else None, colocated_actors=colocated_actors).run()
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
@@ -196,12 +202,14 @@ def _devices(text: str | None) -> list[str]:
 @click.option("--actor-devices", metavar="D0,D1,...",
               help="Actor i runs on entry i (cycling): a GPU index (CUDA_VISIBLE_DEVICES) or cpu.")
 @click.option("--learner-device", metavar="D", default="", help="The learner's device: a GPU index or cpu.")
+@click.option("--learner-ranks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Learner processes training each update together (data-parallel, mx.distributed's ring).")
 @click.option("--placement", type=click.Choice(["auto", "processes", "colocated"]), default="auto", show_default=True,
               help="colocated: actors as threads of the learner's process, one base copy (one GPU or Mac); "
                    "processes: actor processes; auto: processes for now (colocated is unmeasured on GPUs).")
 @train_options
-def run(actors, plain, actor_devices, learner_device, placement, config_file, model, env, rollout, scenarios,
-        eval_scenarios, steps, seed, out, resume, settings):
+def run(actors, plain, actor_devices, learner_device, learner_ranks, placement, config_file, model, env, rollout,
+        scenarios, eval_scenarios, steps, seed, out, resume, settings):
     """Learner + N actors on this machine, supervised; the single-machine pipeline."""
     try:
         config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
@@ -216,10 +224,10 @@ def run(actors, plain, actor_devices, learner_device, placement, config_file, mo
         placement, why = choose_placement(placement, devices, learner_device, config.rollout)
         click.echo(f"[run] placement: {placement} ({why}; --placement overrides)")
         if placement == "colocated":
-            code = run_pipeline(config, 0, resume, plain, colocated=actors or 1)
+            code = run_pipeline(config, 0, resume, plain, colocated=actors or 1, learner_ranks=learner_ranks)
         else:
             code = run_pipeline(config, actors or (len(devices) if devices else default_actor_count()), resume, plain,
-                                devices, learner_device)
+                                devices, learner_device, learner_ranks=learner_ranks)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     sys.exit(code)
@@ -366,22 +374,14 @@ def model_synth(arch, out, seed):
 @click.argument("name", default="tiny")
 def model_path_command(name):
     """Print the folder of the embedded model (`tiny`), writing it on first use."""
-    _print_model_path(name)
-
-
-@cli.command(name="model-path")
-@click.argument("name", default="tiny")
-def model_path(name):
-    """Print the folder of the embedded model (`tiny`), writing it on first use."""
-    _print_model_path(name)
-
-
-def _print_model_path(name: str) -> None:
     from .model.tiny import TINY_NAME, tiny_model_path
 
     if name != TINY_NAME:
         _fail(ValueError(f"only the embedded model has a local folder here; got {name!r}"))
     click.echo(str(tiny_model_path()))
+
+
+cli.add_command(model_path_command, name="model-path")  # the first spelling, kept
 
 
 def _register_subgroups() -> None:

@@ -2,11 +2,13 @@
 
     python benchmarks/data_parallel.py --ranks 2 --threads 1 --json out.json --adapters out.safetensors
 
-starts `--ranks` processes (MLX_RANK, a ring hostfile of local ports, `--threads` BLAS threads each); every rank
-loads the embedded model with the same seeded adapters, plays the same tic-tac-toe groups, and runs `--steps`
-GRPO updates, each training its share of the groups (`artmlx/learner/data_parallel.py`). Rank 0 writes the
-adapters after the last update and the seconds per update. With `--ranks 1` it is the single-process trainer,
-so two invocations compare the update (equivalence) and the time (2 ranks x 1 thread against 1 x 2 threads).
+starts `--ranks` processes (MLX_RANK, a ring hostfile of local ports, `--threads` BLAS threads each) as
+`artmlx run --learner-ranks` does: rank 0 loads the embedded model with perturbed adapters, plays tic-tac-toe
+groups, hands its state and then each update's groups to the other ranks (`artmlx/apps/learner_ranks.py`), and
+runs `--steps` GRPO updates, each rank training its share of the groups (`artmlx/learner/data_parallel.py`).
+Rank 0 writes the adapters after the last update and the seconds per update. With `--ranks 1` it is the
+single-process trainer, so two invocations compare the update (equivalence) and the time (2 ranks x 1 thread
+against 1 x 2 threads).
 """
 
 from __future__ import annotations
@@ -59,46 +61,66 @@ def launch(args) -> int:
 
 
 def worker(args) -> None:
+    """Rank 0 plays the groups and hands each update's to the other ranks through the learner's own `RankLink`
+    (its state first, as a resumed run's checkpoint); the others run the learner's `follow` loop as
+    `artmlx learner` ranks do. With one rank it is the single-process trainer on the same groups."""
+    import tempfile
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
+    from artmlx.apps.learner_ranks import check_same_start, follow, rank_link
     from artmlx.config import load_config
+    from artmlx.engine.loading import open_policy
     from artmlx.envs import make_env
-    from artmlx.learner.data_parallel import same_everywhere
+    from artmlx.learner.checkpoint import save_checkpoint
     from artmlx.learner.settings import TrainerSettings
     from artmlx.learner.trainer import GRPOTrainer
-    from artmlx.model.policy import LoraSpec, load_policy
+    from artmlx.model.policy import LoraSpec
+    from artmlx.protocol.convert import group_to_message, message_to_group
     from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 
-    group = mx.distributed.init(backend="ring", strict=True) if args.ranks > 1 else None
-    mx.random.seed(0)
-    model, tokenizer, _ = load_policy("tiny", LoraSpec(rank=8, scale=20.0))
+    link = rank_link() if args.ranks > 1 else None
+    config = load_config(None, {"learning_rate": 1e-3, "minibatches": args.minibatches, "lora_rank": 8,
+                                "max_batch_tokens": args.batch_tokens, "seed": 0})
+    if link is not None and link.rank > 0:
+        if link.rank == args.exit_rank:  # a rank lost (the fault test): once it has taken rank 0's state
+            link.broadcast()
+            os._exit(3)
+        follow(config, link)
+        return
+    spec = LoraSpec.from_config(config)
+    opened = open_policy("tiny", spec, seed=0, training=True)
+    model = opened.model
     noisy = [(k, mx.random.normal(v.shape) * 0.01) for k, v in tree_flatten(model.trainable_parameters())]
-    model.load_weights(noisy, strict=False)
-    config = load_config(None, {"learning_rate": 1e-3, "minibatches": args.minibatches,
-                                "max_batch_tokens": args.batch_tokens})
-    trainer = GRPOTrainer(model, TrainerSettings.of(config), group=group)
-    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("tictactoe"), SamplingParams())
-    batches = [engine.play(list(range(step * args.groups, (step + 1) * args.groups)), args.group_size,
-                           mx.random.key(step)) for step in range(args.steps + 1)]
-    if group is not None:
-        tokens = {"t": mx.array([sum(t * (i + 1) for i, t in enumerate(e.tokens))
-                                 for batch in batches for g in batch for e in g.episodes], mx.float32)}
-        if not (same_everywhere(model.trainable_parameters(), group) and same_everywhere(tokens, group)):
-            raise SystemExit("ranks start from different adapters or groups")
-    trainer.train_step(batches[0])  # warm-up: the first update's shapes
-    if group is not None and group.rank() == args.exit_rank:  # a rank lost mid-run (the fault test)
-        os._exit(3)
+    model.load_weights(noisy, strict=False)  # not the seed's adapters: the other ranks must take these
+    trainer = GRPOTrainer(model, TrainerSettings.of(config), opened.plan, group=link.group if link else None)
+    engine = EpisodeRollouts(model, opened.tokenizer, lambda: make_env("tictactoe"), SamplingParams())
+    messages = [[group_to_message(g, "rank0", "tictactoe", "bench") for g in
+                 engine.play(list(range(step * args.groups, (step + 1) * args.groups)), args.group_size,
+                             mx.random.key(step))] for step in range(args.steps + 1)]
+    if link is not None:
+        with tempfile.TemporaryDirectory() as run_dir:
+            link.send_state(save_checkpoint(Path(run_dir), trainer, spec, "tiny"))
+        check_same_start(link, trainer)
+
+    def update(batch):
+        if link is not None:
+            link.send_update(batch)
+        return trainer.train_step([message_to_group(m) for m in batch])
+
+    update(messages[0])  # warm-up: the first update's shapes
     started = time.perf_counter()
-    rows = [trainer.train_step(batch) for batch in batches[1:]]
+    rows = [update(batch) for batch in messages[1:]]
     seconds = (time.perf_counter() - started) / args.steps
-    if group is None or group.rank() == 0:
-        mx.save_safetensors(args.adapters, dict(tree_flatten(model.trainable_parameters())))
-        Path(args.json).write_text(json.dumps({
-            "ranks": args.ranks, "threads_per_rank": args.threads, "seconds_per_update": seconds,
-            "groups": args.groups, "group_size": args.group_size, "steps": args.steps,
-            "tokens_trained": [r["tokens_trained"] for r in rows], "loss": [r["loss"] for r in rows],
-            "grad_norm": [r["grad_norm"] for r in rows]}, indent=1))
+    if link is not None:
+        link.send_stop()
+    mx.save_safetensors(args.adapters, dict(tree_flatten(model.trainable_parameters())))
+    Path(args.json).write_text(json.dumps({
+        "ranks": args.ranks, "threads_per_rank": args.threads, "seconds_per_update": seconds,
+        "groups": args.groups, "group_size": args.group_size, "steps": args.steps,
+        "tokens_trained": [r["tokens_trained"] for r in rows], "loss": [r["loss"] for r in rows],
+        "grad_norm": [r["grad_norm"] for r in rows]}, indent=1))
 
 
 def main() -> int:
@@ -113,7 +135,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     parser.add_argument("--adapters", required=True)
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--exit-rank", type=int, default=-1, help="this rank exits after the warm-up update (a fault)")
+    parser.add_argument("--exit-rank", type=int, default=-1, help="this rank exits once it has the state (a fault)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -32,6 +32,7 @@ the learner's process instead (`apps/colocated.py`); `choose_placement` says why
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -140,9 +141,13 @@ def choose_placement(requested: str, actor_devices: list[str], learner_device: s
 
 
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False,
-                 actor_devices: list[str] | None = None, learner_device: str = "", colocated: int = 0) -> int:
+                 actor_devices: list[str] | None = None, learner_device: str = "", colocated: int = 0,
+                 learner_ranks: int = 1) -> int:
     """The learner and `actors` actor processes; with `colocated`, that many actor threads in the learner's
-    process (and `actors` 0)."""
+    process (and `actors` 0); with `learner_ranks` > 1, that many learner processes on a ring of loopback ports
+    (`apps/learner_ranks.py`), rank 0 the one actors talk to. A lost rank stops the run (exit 1, resumable)."""
+    if learner_ranks > 1 and colocated:
+        raise ValueError("--learner-ranks and --placement colocated do not go together yet: use --placement processes")
     run_dir = config.resolved_out()
     config.out = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -154,14 +159,17 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         # N + 1 processes share the cores: OpenBLAS threads beyond a process's share spin against the
         # others (2 cores, 8 updates, 2 actors: 48.7 s with OpenBLAS's default, 41.2 s with 1 thread;
         # the learner alone with 2 threads next to niced actors: 41.5 s, against 35.5 s with 1).
-        os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (actors + 1)))
+        os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (actors + learner_ranks)))
     live = sys.stdout.isatty() and not plain
     learner_env, actor_envs = placements(actors, actor_devices or [], learner_device)
     learner_cmd = ([*python, "learner", "--bind", address, "--config", str(config_file)]
                    + (["--resume"] if resume else []) + ([] if live else ["--plain"])
                    + (["--colocated-actors", str(colocated)] if colocated else []))
     os.environ[PARENT_ENV] = str(os.getpid())
-    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env}, preexec_fn=_die_with_parent)
+    rank_envs = ranks_environments(run_dir, learner_ranks)
+    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env, **rank_envs[0]}, preexec_fn=_die_with_parent)
+    ranks = [subprocess.Popen(learner_cmd, env={**os.environ, **learner_env, **env}, preexec_fn=_die_with_parent,
+                              stdout=subprocess.DEVNULL if live else None) for env in rank_envs[1:]]
     actor_procs: dict[int, subprocess.Popen] = {}
     started_at: dict[int, float] = {}
     quick_crashes: dict[int, int] = {}
@@ -204,10 +212,19 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
     previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     for index in range(actors):
         start_actor(index)
-    interrupted = all_failed = False
+    interrupted = all_failed = rank_lost = False
     try:
         while learner.poll() is None:
             now = time.monotonic()
+            lost = [(i, p.returncode) for i, p in enumerate(ranks, 1) if p.poll() is not None and p.returncode != 0]
+            if lost:  # the others wait on it in their next collective: stop the run, resumable from its checkpoint
+                say(f"[run] learner rank {lost[0][0]} exited with {lost[0][1]}: stopping the run (--resume continues "
+                    "from the last checkpoint)")
+                rank_lost = True
+                for process in [learner, *actor_procs.values()]:  # as on Ctrl-C: all told at once
+                    if process.poll() is None:
+                        process.send_signal(signal.SIGTERM)
+                break
             for index, process in list(actor_procs.items()):
                 # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
                 if index in given_up or index in restart_at or process.poll() is None or process.returncode == 0:
@@ -252,17 +269,30 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         try:
-            _stop([learner], grace=60)  # a checkpoint of a large model takes a while
+            _stop([learner], grace=10 if rank_lost else 60)  # a checkpoint of a large model takes a while
+            _stop(ranks, grace=10, ask_after=5)  # they leave on rank 0's last word, or wait in a collective
             # actors leave by themselves on the learner's shutdown message; the rest are told to
             _stop(list(actor_procs.values()), grace=ACTOR_GRACE_S, ask_after=5)
         finally:
             config_file.unlink(missing_ok=True)
     code = learner.returncode
     actor_codes = [actor_procs[index].returncode for index in sorted(actor_procs)]
-    print(f"[run] learner exited with {code}; actors exited with {actor_codes}; {restarts} actor restarts", flush=True)
-    if all_failed:
+    print(f"[run] learner exited with {code}"
+          + (f" (ranks 1-{len(ranks)}: {[p.returncode for p in ranks]})" if ranks else "")
+          + f"; actors exited with {actor_codes}; {restarts} actor restarts", flush=True)
+    if all_failed or rank_lost:
         return 1
     return 130 if interrupted and code == 0 else code
+
+
+def ranks_environments(run_dir, ranks: int) -> list[dict[str, str]]:
+    """Each learner rank's environment, as `mlx.launch` gives it (MLX_RANK, and MLX_HOSTFILE: a ring hostfile of
+    free loopback ports, written in the run directory); one empty environment for a single learner."""
+    if ranks < 2:
+        return [{}]
+    hostfile = run_dir / "learner-ranks.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(ranks)]))
+    return [{"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)} for rank in range(ranks)]
 
 
 def _stop(processes: list[subprocess.Popen], grace: float, ask_after: float = 0.0) -> None:

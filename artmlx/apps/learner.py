@@ -12,7 +12,8 @@ write a checkpoint first. Acknowledging a group only once it is consumed bounds 
 `artmlx status` prints; on a pipe the metrics rows are plain lines, with the status after each eval.
 With `colocated_actors` it also runs that many actors as threads over its own base weights
 (`apps/colocated.py`), which connect to its socket like any actor; its training plan then takes its share of
-the budget.
+the budget. With `ranks` (several learner processes, `apps/learner_ranks.py`) this is rank 0: it hands each
+update's groups to the other ranks, which train their share of it.
 """
 
 from __future__ import annotations
@@ -45,14 +46,21 @@ from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_st
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from .colocated import ColocatedActors, role_budgets
+from .learner_ranks import RankLink, check_same_start
 from .learner_view import LiveView
 
 
 class LearnerService:
     def __init__(self, config: TrainConfig, bind: str, keys: Path | None = None, insecure: bool = False,
-                 resume: bool = False, echo: bool = True, live: bool | None = None, colocated_actors: int = 0):
-        """`colocated_actors`: actor threads in this process, sharing its base weights (`apps/colocated.py`)."""
+                 resume: bool = False, echo: bool = True, live: bool | None = None, colocated_actors: int = 0,
+                 ranks: RankLink | None = None):
+        """`colocated_actors`: actor threads in this process, sharing its base weights (`apps/colocated.py`);
+        `ranks`: the learner's other ranks, when this is rank 0 of several (`apps/learner_ranks.py`)."""
         self.config = config
+        self.ranks = ranks
+        if ranks is not None and colocated_actors:
+            raise ValueError("colocated actors and several learner ranks do not go together yet: use actor processes "
+                             "(--placement processes) with --learner-ranks")
         if colocated_actors and config.rollout:
             raise ValueError("colocated actors play environment rollouts; agent rollouts (`rollout`) run in actor "
                              "processes: use `artmlx run --placement processes`")
@@ -75,7 +83,8 @@ class LearnerService:
             self.colocated = ColocatedActors(self.model, tokenizer, actor_budget, colocated_actors, keys, echo)
             self.plan = plan_for(self.model, learner_budget)
         self.wire_dtype = wire_dtype(config.adapter_wire_dtype, self.plan.shape.activation_bytes)
-        self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan)
+        self.trainer = GRPOTrainer(self.model, TrainerSettings.of(config), self.plan,
+                                   group=ranks.group if ranks is not None else None)
         self.log = open_metrics(self.run_dir, config, echo)
         consumed: dict[str, int] | list[str] = {}
         self.elapsed_before = 0.0
@@ -84,6 +93,9 @@ class LearnerService:
             consumed = extra.get("consumed", {})  # group id -> policy version (a list in older checkpoints)
             self.elapsed_before = extra.get("time", 0.0)
             self.log.truncate_after(self.trainer.step)
+        if ranks is not None:  # the other ranks take this one's state (a resumed checkpoint travels to them)
+            ranks.send_state(latest_checkpoint(self.run_dir) if resume else None)
+            check_same_start(ranks, self.trainer)
         self.fingerprint = fingerprint(config.model, self.spec)
         limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=vocab_size(self.model),
                              max_tokens=config.max_episode_tokens + config.max_reply_tokens,
@@ -110,6 +122,7 @@ class LearnerService:
             self.colocated.log_dir.mkdir(exist_ok=True)
         self.staleness_histogram: collections.Counter[str] = collections.Counter()
         self.failed = False  # the run could not go on (every colocated actor gave up): a non-zero exit
+        self.updating = False
 
     @property
     def address(self) -> str:
@@ -215,7 +228,11 @@ class LearnerService:
         groups = [message_to_group(m) for m in batch]
         mx.reset_peak_memory()
         started = time.perf_counter()
+        self.updating = True  # an update cut short (a lost rank) leaves no checkpoint of its half-made state
+        if self.ranks is not None:
+            self.ranks.send_update(batch)
         stats = self.trainer.train_step(groups)
+        self.updating = False
         seconds = time.perf_counter() - started
         stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
         for message in batch:
@@ -230,6 +247,7 @@ class LearnerService:
             "tokens": sum(g.tokens for g in groups), "train_seconds": seconds,
             "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
             "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
+            "learner_ranks": 1 if self.ranks is None else self.ranks.size,
             **self._group_counts(), "actors": len(self.hub.actors), "queue_depth": len(self.buffer),
             **stats,
         }
@@ -291,8 +309,10 @@ class LearnerService:
                        self.config.keep_checkpoints)
 
     def _finish(self) -> None:
+        if self.ranks is not None and self.stop_reason is None:  # finished: the other ranks stop with it (after a
+            self.ranks.send_stop()  # fault or a signal their supervisor stops them: one of them may be gone)
         checkpoint_error = ""
-        if self.checkpointed_step != self.trainer.step:
+        if self.checkpointed_step != self.trainer.step and not self.updating:
             try:
                 self._checkpoint()
             except (OSError, RuntimeError) as error:  # a full disk (MLX: RuntimeError): the previous one stays; actors must still hear

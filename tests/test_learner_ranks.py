@@ -1,0 +1,60 @@
+"""`artmlx run --learner-ranks 2`: a data-parallel learner of two local ranks (mx.distributed's ring) in the pipeline,
+one of them lost mid-run and the run resumed with both again."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from artmlx.metrics import read_metrics
+from tests.test_pipeline import SMALL, artmlx_process, assert_resumed, train_rows
+
+
+def learner_rank_pids(run: Path, rank: int) -> list[int]:
+    """Processes started as learner rank `rank` of this run (their environment names its ring hostfile)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"MLX_RANK={rank}".encode() in variables and f"MLX_HOSTFILE={run}/learner-ranks.json".encode() in variables:
+            found.append(int(environ.parent.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process through /proc")
+def test_a_two_rank_learner_trains_loses_a_rank_and_resumes(tmp_path):
+    run = tmp_path / "run"
+    common = ["--learner-ranks", "2", "--actors", "1", "--out", str(run), "--steps", "6", "--set", "eval_every=0",
+              "--set", "max_episode_tokens=512", *SMALL]
+    first = artmlx_process("run", *common)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (not (run / "metrics.jsonl").exists() or len(train_rows(run)) < 2):
+            time.sleep(0.2)
+        assert all(row["learner_ranks"] == 2 for row in train_rows(run))
+        [rank1] = learner_rank_pids(run, 1)
+        os.kill(rank1, signal.SIGKILL)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 1, output
+    assert f"learner rank 1 exited with {-signal.SIGKILL}: stopping the run" in output
+    checkpoint = json.loads(sorted((run / "checkpoints").glob("step_*"))[-1].joinpath("trainer_state.json").read_text())
+    assert 2 <= checkpoint["step"] < 6
+
+    resumed = artmlx_process("run", *common, "--resume")
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output
+    # rank 1 took rank 0's checkpoint (the two started equal, or the run would have stopped) and trained every update
+    assert f"learner rank 1 of 2 done: {6 - checkpoint['step']} updates trained" in output
+    final = assert_resumed(run, checkpoint, 6)
+    assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0
+    assert all(row["learner_ranks"] == 2 for row in train_rows(run))
+    assert not learner_rank_pids(run, 0) and not learner_rank_pids(run, 1)
