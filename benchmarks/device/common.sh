@@ -4,7 +4,8 @@
 # output to $OUT/log.txt and, if it is still running after half its time, appends a py-spy dump of
 # where every thread is.
 source .gpuB/install.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpuC/*.whl .gpuD/*.whl 2>&1 | tail -2
+# the extra wheels (tomli-w, starlette, uvicorn, py-spy; openai and its needs for agent runs) in .gpuC/ and .gpuD/
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 $(ls .gpuC/*.whl .gpuD/*.whl 2>/dev/null) 2>&1 | tail -2
 export PYTHONPATH=$PYTHONPATH:/tmp/site2 PATH=$PATH:/tmp/site2/bin
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 step() {
