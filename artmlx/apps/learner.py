@@ -92,6 +92,10 @@ class LearnerService:
             extra = load_checkpoint(latest_checkpoint(self.run_dir), self.trainer)
             consumed = extra.get("consumed", {})  # group id -> policy version (a list in older checkpoints)
             self.elapsed_before = extra.get("time", 0.0)
+            before, now = extra.get("learner_ranks", 1), 1 if ranks is None else ranks.size
+            if echo and before != now:  # the checkpoint is one rank's state: any number of ranks goes on from it
+                print(f"learner: resuming with {now} learner rank{'s' * (now > 1)}; the checkpoint was written by {before}",
+                      flush=True)
             self.log.truncate_after(self.trainer.step)
         if ranks is not None:  # the other ranks take this one's state (a resumed checkpoint travels to them)
             ranks.send_state(latest_checkpoint(self.run_dir) if resume else None)
@@ -305,7 +309,8 @@ class LearnerService:
         self._show(phase="checkpointing")
         self.checkpointed_step = self.trainer.step
         save_run_state(self.run_dir, self.trainer, self.spec, self.config.model,
-                       {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items()))},
+                       {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items())),
+                        "learner_ranks": 1 if self.ranks is None else self.ranks.size},
                        self.config.keep_checkpoints)
 
     def _finish(self) -> None:
