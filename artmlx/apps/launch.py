@@ -278,7 +278,7 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
     code = learner.returncode
     actor_codes = [actor_procs[index].returncode for index in sorted(actor_procs)]
     print(f"[run] learner exited with {code}"
-          + (f" (ranks 1-{len(ranks)}: {[p.returncode for p in ranks]})" if ranks else "")
+          + (f" (its other ranks with {[p.returncode for p in ranks]})" if ranks else "")
           + f"; actors exited with {actor_codes}; {restarts} actor restarts", flush=True)
     if all_failed or rank_lost:
         return 1

@@ -5,7 +5,10 @@ Python (major.minor), mlx, mlx-lm and artmlx versions as the learner's host; the
 local cache (never downloaded) with the learner's fingerprint; enough free memory for its processes;
 keys present and private (after `artmlx up`); and a real TCP connect from each actor host to the
 learner's address, made by a process started the way `artmlx up` starts actors. When no learner runs,
-the doctor holds the learner's port open for the test (`probe listen`). On macOS 15+ a LAN connect
+the doctor holds the learner's port open for the test (`probe listen`). A learner of several ranks (several
+learner hosts) is checked the same way on its ring: each learner host holds its `ring_port` open and connects
+to its neighbours' (`ring`), apart from the actors' link to rank 0 (`connect`), so a broken ring link is
+told apart from a broken actor link. On macOS 15+ a LAN connect
 that fails with "No route to host" from a process outside a terminal session is Local Network
 Privacy: the finding says so and how to allow it.
 """
@@ -33,24 +36,35 @@ class Finding:
     fix: str = ""
 
 
+def ring_neighbours(fleet: Fleet, host: Host) -> list[Host]:
+    """The learner ranks a learner host's rank talks to on the ring (the next and the previous)."""
+    learners = list(fleet.learners)
+    if len(learners) < 2 or host not in learners:
+        return []
+    rank = learners.index(host)
+    after, before = learners[(rank + 1) % len(learners)], learners[rank - 1]
+    return [after] if after is before else [after, before]
+
+
 def _facts_command(host: Host, fleet: Fleet, model: str, settings: list[str]) -> str:
     learner = fleet.learner
     role = "learner" if host is learner else "actor"
     target = host.learner_address.removeprefix("tcp://") or f"{learner.bind_ip or learner.ips[0]}:{learner.port}"
-    connect = "" if host is learner else f" --connect {shlex.quote(target)}"
+    connect = "" if host.role == "learner" else f" --connect {shlex.quote(target)}"
+    keys = "" if host in fleet.ranks else f" --keys keys --role {role} --key-name {host.key_name}"  # ranks hold none
+    ring = ",".join(h.ring_address for h in ring_neighbours(fleet, host))
     sets = "".join(f" --set {shlex.quote(item)}" for item in settings)
-    return (f"{shlex.quote(host.python)} -m artmlx.deploy.probe facts --model {shlex.quote(model)}{sets} "
-            f"--keys keys --role {role} --key-name {host.key_name}{connect}")
+    return (f"{shlex.quote(host.python)} -m artmlx.deploy.probe facts --model {shlex.quote(model)}{sets}"
+            f"{keys}{connect}" + (f" --ring {shlex.quote(ring)}" if ring else ""))
 
 
-def _listen_command(fleet: Fleet, seconds: float) -> str:
-    learner = fleet.learner
-    ip = learner.bind_ip or learner.ips[0]
-    return (f"rm -f probe-listen.log; nohup {shlex.quote(learner.python)} -m artmlx.deploy.probe listen "
-            f"{shlex.quote(ip)} {learner.port} --seconds {seconds:.0f} > probe-listen.log 2>&1 < /dev/null & "
-            "echo $! > probe-listen.pid; "
-            "for i in $(seq 40); do grep -q listening probe-listen.log 2>/dev/null && break; sleep 0.25; done; "
-            "cat probe-listen.log")
+def _listen_command(host: Host, ip: str, port: int, seconds: float) -> str:
+    log, pid = f"probe-listen-{port}.log", f"probe-listen-{port}.pid"
+    return (f"rm -f {log}; nohup {shlex.quote(host.python)} -m artmlx.deploy.probe listen "
+            f"{shlex.quote(ip)} {port} --seconds {seconds:.0f} > {log} 2>&1 < /dev/null & "
+            f"echo $! > {pid}; "
+            f"for i in $(seq 40); do grep -q listening {log} 2>/dev/null && break; sleep 0.25; done; "
+            f"cat {log}")
 
 
 def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[str] | None = None,
@@ -70,6 +84,8 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
     learner = fleet.learner
     if learner.ssh in reachable:
         findings.extend(_listen(fleet, remote, listen_s))
+    for host in [h for h in fleet.learners if h.ssh in reachable and ring_neighbours(fleet, h)]:
+        findings.extend(_listen_ring(host, remote, listen_s))
     work = lambda host: remote.run(host, in_workdir(host, _facts_command(host, fleet, model, settings)),  # noqa: E731
                                    timeout_s=180)
     hosts = [h for h in fleet.hosts if h.ssh in reachable]
@@ -82,9 +98,9 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
             findings.append(Finding(host.ssh, "artmlx", False, why,
                                     f"install artmlx for {host.python} on {host.ssh} (pip install artmlx in its venv), "
                                     "or point artmlx.python in the hosts file at the Python that has it"))
-    if learner.ssh in reachable:  # free the port for the learner
-        remote.run(learner, in_workdir(learner, "[ -f probe-listen.pid ] && kill \"$(cat probe-listen.pid)\" "
-                                                 "2>/dev/null; rm -f probe-listen.pid; true"), timeout_s=30)
+    for host in [h for h in fleet.learners if h.ssh in reachable]:  # free the ports for the learner
+        remote.run(host, in_workdir(host, "for f in probe-listen-*.pid; do [ -f \"$f\" ] && kill \"$(cat \"$f\")\" "
+                                          "2>/dev/null; rm -f \"$f\"; done; true"), timeout_s=30)
     reference = facts.get(learner.ssh)
     for host in hosts:
         if host.ssh in facts:
@@ -93,13 +109,31 @@ def examine(fleet: Fleet, remote: Remote, model: str = "tiny", settings: list[st
     return sorted(findings, key=lambda f: order.get(f.host, 0))
 
 
+def _listen_answer(host: Host, ip: str, port: int, seconds: float, remote: Remote) -> tuple[dict, str]:
+    done = remote.run(host, in_workdir(host, _listen_command(host, ip, port, seconds)), timeout_s=60)
+    try:
+        return json.loads(last_line(done.stdout) or "{}"), done.stderr
+    except json.JSONDecodeError:
+        return {}, done.stderr
+
+
+def _listen_ring(host: Host, remote: Remote, seconds: float) -> list[Finding]:
+    """Hold a learner host's ring port open for its neighbours' connects (or find it held by a running rank)."""
+    ip, port = host.ring_address.rsplit(":", 1)
+    answer, stderr = _listen_answer(host, ip, int(port), seconds, remote)
+    if answer.get("listening"):
+        return []
+    if answer.get("errno") == errno.EADDRINUSE:
+        return [Finding(host.ssh, "ring", None, f"ring port {host.ring_address} is in use (a running learner rank?): "
+                        "its neighbours test against it", f"if no learner runs there, set artmlx.ring_port")]
+    return [Finding(host.ssh, "ring", False, answer.get("error") or last_line(stderr) or "cannot listen",
+                    f"check that {ip} is an address of {host.ssh} (`ips` in the hosts file)")]
+
+
 def _listen(fleet: Fleet, remote: Remote, seconds: float) -> list[Finding]:
     learner = fleet.learner
-    done = remote.run(learner, in_workdir(learner, _listen_command(fleet, seconds)), timeout_s=60)
-    try:
-        answer = json.loads(last_line(done.stdout) or "{}")
-    except json.JSONDecodeError:
-        answer = {}
+    ip = learner.bind_ip or learner.ips[0]
+    answer, stderr = _listen_answer(learner, ip, learner.port, seconds, remote)
     if answer.get("listening"):
         return [Finding(learner.ssh, "port", True,
                         f"{learner.address} is free; held open {seconds:.0f} s for the test")]
@@ -107,7 +141,7 @@ def _listen(fleet: Fleet, remote: Remote, seconds: float) -> list[Finding]:
         return [Finding(learner.ssh, "port", None, f"{learner.address} is in use (a running learner?): actors test "
                         "against it", "if no learner runs there: find the process with `lsof -i :"
                         f"{learner.port}` and stop it, or set artmlx.port")]
-    return [Finding(learner.ssh, "port", False, answer.get("error") or last_line(done.stderr) or "cannot listen",
+    return [Finding(learner.ssh, "port", False, answer.get("error") or last_line(stderr) or "cannot listen",
                     f"check that {learner.bind_ip or learner.ips[0]} is an address of {learner.ssh} "
                     "(`ips` in the hosts file)")]
 
@@ -126,7 +160,7 @@ def _judge(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model:
                            ", ".join(f"{k} {mine.get(k)}" for k in ("python", *COMPARED)),
                            f"{host.python} -m pip install {pins}" if pins else ""))
     out.extend(_judge_model(host, fleet, facts, reference, model))
-    need = (host.actors if host is not fleet.learner else 1) * (
+    need = (host.actors if host.role == "actor" else 1) * (
         1.3 * facts.get("model", {}).get("weight_bytes", 0) + PROCESS_OVERHEAD)
     available = facts["memory"]["available"]
     out.append(Finding(host.ssh, "memory", available >= need,
@@ -134,7 +168,9 @@ def _judge(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model:
                        f"{need / 1e9:.1f} GB needed", "" if available >= need else
                        "close other programs, lower artmlx.actors, or set artmlx.memory_budget_gb"))
     keys = facts.get("keys", {})
-    if keys.get("exposed"):
+    if "keys" not in facts:  # the learner's further ranks hold none
+        pass
+    elif keys.get("exposed"):
         out.append(Finding(host.ssh, "keys", False, f"readable by others: {', '.join(keys['exposed'])}",
                            f"chmod 600 {keys['folder']}/*.key_secret, and consider them exposed: remove the "
                            "keys folder here and run `artmlx up` again"))
@@ -145,7 +181,20 @@ def _judge(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model:
         out.append(Finding(host.ssh, "keys", True, f"present and private in {keys.get('folder')}"))
     if "connect" in facts:
         out.append(_judge_connect(host, fleet, facts["connect"]))
+    for link in facts.get("ring", []):
+        out.append(_judge_ring(host, fleet, link))
     return out
+
+
+def _judge_ring(host: Host, fleet: Fleet, link: dict) -> Finding:
+    """A learner rank's link to a neighbouring rank (the ring backend's TCP), apart from the actors' links."""
+    other = next((f"rank {i} ({h.ssh})" for i, h in enumerate(fleet.learners) if h.ring_address == link["target"]),
+                 link["target"])
+    if link.get("ok"):
+        return Finding(host.ssh, "ring", True, f"reached learner {other} at {link['target']} in {link['ms']} ms")
+    return Finding(host.ssh, "ring", False, f"cannot reach learner {other} at {link['target']}: {link.get('error')}",
+                   "the learner's ranks talk over their ring ports (artmlx.ring_port): same network? a firewall "
+                   "dropping the port? (actors reach rank 0 on another link, checked as `connect`)")
 
 
 def _judge_model(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model: str) -> list[Finding]:

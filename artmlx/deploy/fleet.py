@@ -5,8 +5,10 @@ up:   CURVE keys are made here (KEYS_DIR: the learner's pair, one pair per actor
       the learner starts on its host bound to the hosts file's address, then every actor process
       (`nohup`, pid files and logs in WORKDIR); `up` waits until every actor has loaded the model and
       prints a table per host. A host that already runs a learner or actor is refused ("down first").
-down: SIGTERM to the learner (it checkpoints and tells its actors to stop), then to any actor still
-      running; SIGKILL after a grace period; pid files removed.
+      With several learner hosts, each gets the ring's hostfile (`ring.json`) and runs the same learner
+      command as one rank (MLX_RANK, MLX_HOSTFILE, as `mlx.launch` starts them); rank 0 is the first.
+down: SIGTERM to the learner (it checkpoints and tells its actors to stop), then to its other ranks and
+      any actor still running; SIGKILL after a grace period; pid files removed.
 logs: the last lines of every log of every host.
 Every remote command goes through `Remote` (ssh by default), so `--dry-run` prints them all.
 """
@@ -26,10 +28,12 @@ from .remote import Remote, in_workdir, last_line
 STATUS_KEY = "status"
 
 
-def learner_command(fleet: Fleet, train_args: list[str]) -> str:
-    host = fleet.learner
-    return (f"{shlex.quote(host.python)} -m artmlx learner --bind {shlex.quote(host.address)} --keys keys --plain "
-            f"--out run {shlex.join(train_args)}").rstrip()
+def learner_command(fleet: Fleet, train_args: list[str], rank: int = 0) -> str:
+    """Learner rank `rank`'s command on its host (every rank runs the same one; rank 0 binds the actors' address)."""
+    host = fleet.learners[rank]
+    ranks = f"env MLX_RANK={rank} MLX_HOSTFILE=ring.json " if fleet.ranks else ""
+    return (f"{ranks}{shlex.quote(host.python)} -m artmlx learner --bind {shlex.quote(fleet.learner.address)} "
+            f"--keys keys --plain --out run {shlex.join(train_args)}").rstrip()
 
 
 def actor_command(fleet: Fleet, host: Host, index: int) -> str:
@@ -69,6 +73,11 @@ def write_files_command(files: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def ring_file_command(fleet: Fleet) -> str:
+    """A shell command that writes the learner ranks' ring hostfile as ./ring.json."""
+    return f"cat > ring.json <<'ARTMLX_RING_END'\n{json.dumps(fleet.ring_hostfile())}\nARTMLX_RING_END"
+
+
 def make_fleet_keys(fleet: Fleet, keys: Path) -> None:
     """Key pairs for the learner, each actor host and status queries, all allowed; kept if present."""
     for name in [STATUS_KEY, *(host.key_name for host in fleet.actors)]:
@@ -99,7 +108,11 @@ class FleetControl:
         def work(host: Host) -> HostResult:
             if self.remote.dry_run:
                 return self._run(host, f"# write keys for {host.ssh} from {self.keys}")
-            return self._run(host, write_files_command(key_files(self.keys, host, host is self.fleet.learner)))
+            if host in self.fleet.ranks:  # the learner's other ranks talk to rank 0 alone, over the ring
+                return self._run(host, ring_file_command(self.fleet))
+            files = write_files_command(key_files(self.keys, host, host is self.fleet.learner))
+            return self._run(host, files + ("\n" + ring_file_command(self.fleet) if self.fleet.ranks and
+                                            host is self.fleet.learner else ""))
 
         return self.remote.each(self.fleet.hosts, work)
 
@@ -108,11 +121,14 @@ class FleetControl:
         failed = [r for r in results if not r.ok]
         if failed:
             return failed
+        ranks = f" and its {ranks_text(self.fleet)}" if self.fleet.ranks else ""
         say(f"keys copied to {len(results)} hosts; starting the learner on {self.fleet.learner.ssh} "
-            f"({self.fleet.learner.address})")
-        started = self._run(self.fleet.learner, _start("learner", learner_command(self.fleet, train_args)))
-        if not started.ok:
-            return [started]
+            f"({self.fleet.learner.address}){ranks}")
+        results = [self._run(host, _start("learner", learner_command(self.fleet, train_args, rank)))
+                   for rank, host in enumerate(self.fleet.learners)]
+        failed = [r for r in results if not r.ok]
+        if failed:
+            return failed
 
         def start_actors(host: Host) -> HostResult:
             commands = [_start(f"actor-{i}", actor_command(self.fleet, host, i)) for i in range(host.actors)]
@@ -176,13 +192,21 @@ class FleetControl:
                 "&& echo \"killed $f\"; rm -f \"$f\"; done; true")
         ticks = max(1, int(grace_s * 2))
         learner = self._run(self.fleet.learner, stop.format(pattern="learner.pid", ticks=ticks), timeout_s=grace_s + 30)
+        ranks = self.remote.each(self.fleet.ranks, lambda host: self._run(  # after rank 0: they wait in its ring
+            host, stop.format(pattern="learner.pid", ticks=min(ticks, 20)), timeout_s=grace_s + 30))
         actors = self.remote.each(self.fleet.actors, lambda host: self._run(
             host, stop.format(pattern="actor-*.pid", ticks=min(ticks, 40)), timeout_s=grace_s + 30))
-        return [learner, *actors]
+        return [learner, *ranks, *actors]
 
     def logs(self, lines: int = 20) -> list[HostResult]:
         return self.remote.each(self.fleet.hosts, lambda host: self._run(
             host, f"for f in *.log; do [ -f \"$f\" ] && echo \"== $f\" && tail -n {int(lines)} \"$f\"; done; true"))
+
+
+def ranks_text(fleet: Fleet) -> str:
+    """The learner's further ranks and their hosts, e.g. "rank 1 on mini" or "ranks 1-2 on mini, pro"."""
+    n = len(fleet.ranks)
+    return f"rank{'s 1-' + str(n) if n > 1 else ' 1'} on {', '.join(h.ssh for h in fleet.ranks)}"
 
 
 def per_host_table(state: dict, fleet: Fleet) -> str:
@@ -194,7 +218,8 @@ def per_host_table(state: dict, fleet: Fleet) -> str:
         stats = actor.get("stats", {})
         row["tok_s"] += float(stats.get("gen_tokens_per_s") or 0)
         row["sent"] += int(stats.get("groups_sent") or 0)
-    lines = [f"learner {fleet.learner.ssh} ({fleet.learner.address}): step {state.get('step', '?')}"
+    ranks = f", {ranks_text(fleet)}" if fleet.ranks else ""
+    lines = [f"learner {fleet.learner.ssh} ({fleet.learner.address}{ranks}): step {state.get('step', '?')}"
              f"/{state.get('steps', '?')}, policy v{state.get('policy_version', '?')}",
              f"  {'host':<20} {'actors':>6} {'gen tok/s':>10} {'groups sent':>12}"]
     for name, row in rows.items():

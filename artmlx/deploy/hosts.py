@@ -5,8 +5,11 @@
       "python": "~/artmlx/.venv/bin/python", "model_cache": "~/.cache/huggingface", "env": {"K": "V"}}}]
 
 A host without an `artmlx` block is an actor host with the defaults (`mlx.launch` files work as they
-are, given one learner). Exactly one host is the learner; it binds its first IP (or `bind_ip`), never a
-guessed interface, and actors connect to that address. Every error names the host and the field.
+are, given one learner). The first learner host is the learner actors know (rank 0); it binds its first IP
+(or `bind_ip`), never a guessed interface, and actors connect to that address. Further learner hosts are
+its data-parallel ranks 1, 2, ... in the order listed (`apps/learner_ranks.py`): every learner host then
+listens on `ring_port` at that address for mx.distributed's ring backend. Every error names the host and
+the field.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pathlib import Path
 
 ROLES = ("learner", "actor")
 DEFAULT_PORT = 5555
+DEFAULT_RING_PORT = 5560
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 BLOCK_FIELDS = {"role", "actors", "python", "workdir", "model_cache", "env", "port", "bind_ip", "memory_budget_gb",
-                "learner_address"}
+                "learner_address", "ring_port"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class Host:
     learner_address: str = ""
     """How this actor host reaches the learner when not at the learner's own address (a port
     forward, a tunnel, a relay): tcp://HOST:PORT."""
+    ring_port: int = DEFAULT_RING_PORT
+    """A learner host's port for the ring between the learner's ranks (when there are several)."""
 
     @property
     def name(self) -> str:
@@ -68,6 +74,11 @@ class Host:
         """The learner's ZeroMQ address (learner hosts)."""
         ip = self.bind_ip or self.ips[0]
         return f"tcp://[{ip}]:{self.port}" if ":" in ip else f"tcp://{ip}:{self.port}"
+
+    @property
+    def ring_address(self) -> str:
+        """Where the learner's other ranks reach this learner host's rank (the ring backend's `ip:port`)."""
+        return f"{self.bind_ip or self.ips[0]}:{self.ring_port}"
 
     @property
     def key_name(self) -> str:
@@ -85,10 +96,21 @@ class Host:
 class Fleet:
     learner: Host
     actors: tuple[Host, ...]
+    ranks: tuple[Host, ...] = ()
+    """The learner's further ranks (1, 2, ...), each a learner host of its own."""
 
     @property
     def hosts(self) -> tuple[Host, ...]:
-        return (self.learner, *self.actors)
+        return (self.learner, *self.ranks, *self.actors)
+
+    @property
+    def learners(self) -> tuple[Host, ...]:
+        """Every learner host, rank 0 first."""
+        return (self.learner, *self.ranks)
+
+    def ring_hostfile(self) -> list[list[str]]:
+        """The ring backend's hostfile for the learner's ranks (MLX_HOSTFILE): one `["ip:port"]` per rank."""
+        return [[host.ring_address] for host in self.learners]
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -124,13 +146,23 @@ def parse_hosts(entries, source: str = "hosts file") -> Fleet:
             raise ValueError(f"{where}: unknown artmlx field(s) {sorted(unknown)}; known: {sorted(BLOCK_FIELDS)}")
         hosts.append(_host(ssh, tuple(ips), block, where))
     learners = [h for h in hosts if h.role == "learner"]
-    if len(learners) != 1:
-        raise ValueError(f"{source}: exactly one host needs \"artmlx\": {{\"role\": \"learner\"}}, "
-                         f"found {len(learners)}")
+    if not learners:
+        raise ValueError(f"{source}: one host needs \"artmlx\": {{\"role\": \"learner\"}} (the first learner host "
+                         "is the one actors connect to; more are the learner's data-parallel ranks)")
     actors = tuple(h for h in hosts if h.role == "actor")
     if not actors:
-        raise ValueError(f"{source}: no actor host (every host but the learner's is one by default)")
-    return Fleet(learners[0], actors)
+        raise ValueError(f"{source}: no actor host (every host but the learners' is one by default)")
+    if len(learners) > 1:
+        if any(":" in (h.bind_ip or h.ips[0]) for h in learners):
+            raise ValueError(f"{source}: the learner's ranks need IPv4 addresses for mx.distributed's ring "
+                             f"(learner hosts: {', '.join(h.ssh for h in learners)})")
+        seen: dict[str, str] = {}
+        for h in learners:
+            if h.ring_address in seen:
+                raise ValueError(f"{source}, host {h.ssh!r}: ring address {h.ring_address} is taken by host "
+                                 f"{seen[h.ring_address]!r}: give one of them another ring_port")
+            seen[h.ring_address] = h.ssh
+    return Fleet(learners[0], actors, tuple(learners[1:]))
 
 
 def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
@@ -149,8 +181,10 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
     if not all(isinstance(v, (str, int, float)) and "\n" not in str(v) for v in env.values()):
         raise ValueError(f"{where}: 'env' values must be one-line strings or numbers")
     port = block.get("port", DEFAULT_PORT)
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"{where}: 'port' must be 1..65535, got {port!r}")
+    ring_port = block.get("ring_port", DEFAULT_RING_PORT)
+    for name, value in (("port", port), ("ring_port", ring_port)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+            raise ValueError(f"{where}: {name!r} must be 1..65535, got {value!r}")
     bind_ip = block.get("bind_ip", "")
     if bind_ip and bind_ip not in ips:
         raise ValueError(f"{where}: bind_ip {bind_ip!r} is not one of its ips {list(ips)}")
@@ -162,7 +196,8 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
         raise ValueError(f"{where}: 'memory_budget_gb' must be a number >= 0")
     return Host(ssh=ssh, ips=ips, role=role, actors=actors, python=block.get("python") or "python3",
                 workdir=block.get("workdir", ""), model_cache=block.get("model_cache", ""), env=dict(env),
-                port=port, bind_ip=bind_ip, memory_budget_gb=float(budget), learner_address=learner_address)
+                port=port, bind_ip=bind_ip, memory_budget_gb=float(budget), learner_address=learner_address,
+                ring_port=ring_port)
 
 
 def load_hosts(path: str | Path) -> Fleet:

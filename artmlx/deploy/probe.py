@@ -2,7 +2,8 @@
 
 `facts` prints one JSON object: Python, mlx, mlx-lm and artmlx versions, memory, the model (found in
 the local cache only, never downloaded) and its fingerprint, the keys and their permissions, and a
-real TCP connect to the learner from this process's context. `listen` holds a TCP port open for a
+real TCP connect to the learner from this process's context (and, on a learner rank, to its
+neighbours' ring ports). `listen` holds a TCP port open for a
 while so actor hosts can test the path to a learner that is not running yet.
 """
 
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     facts.add_argument("--role", default="actor")
     facts.add_argument("--key-name", default="actor")
     facts.add_argument("--connect", default="")
+    facts.add_argument("--ring", default="", help="ip:port of learner ranks to reach, comma-separated")
     listener = commands.add_parser("listen")
     listener.add_argument("ip")
     listener.add_argument("port", type=int)
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"versions": versions(), "memory": memory()}
     if args.connect:
         report["connect"] = connect_facts(args.connect)
+    if args.ring:
+        report["ring"] = [{"target": target, **connect_facts(target)} for target in args.ring.split(",")]
     if args.keys:
         report["keys"] = key_facts(Path(args.keys).expanduser(), args.role, args.key_name)
     try:

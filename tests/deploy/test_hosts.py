@@ -30,6 +30,18 @@ def test_the_learner_binds_the_address_it_is_given_never_a_guess():
     assert parse_hosts(ipv6).learner.address == f"tcp://[fd00::1]:{DEFAULT_PORT}"
 
 
+def test_further_learner_hosts_are_the_learners_ranks_in_the_order_listed():
+    entries = [{"ssh": "studio", "ips": ["10.0.0.1"], "artmlx": {"role": "learner"}},
+               {"ssh": "air", "ips": ["10.0.0.2"]},
+               {"ssh": "mini", "ips": ["10.0.0.3"], "artmlx": {"role": "learner", "ring_port": 7000}},
+               {"ssh": "pro", "ips": ["10.0.0.4", "10.0.1.4"], "artmlx": {"role": "learner", "bind_ip": "10.0.1.4"}}]
+    fleet = parse_hosts(entries)
+    assert fleet.learner.ssh == "studio" and [h.ssh for h in fleet.ranks] == ["mini", "pro"]
+    assert [h.ssh for h in fleet.learners] == ["studio", "mini", "pro"] and [h.ssh for h in fleet.actors] == ["air"]
+    assert fleet.ring_hostfile() == [["10.0.0.1:5560"], ["10.0.0.3:7000"], ["10.0.1.4:5560"]]
+    assert [h.ssh for h in fleet.hosts] == ["studio", "mini", "pro", "air"]
+
+
 def test_model_cache_and_env_reach_the_processes():
     entries = [{"ssh": "s", "ips": ["10.0.0.1"], "artmlx": {"role": "learner"}},
                {"ssh": "a", "ips": ["10.0.0.2"], "artmlx": {"model_cache": "/Volumes/ssd/hf", "env": {"OMP": 2}}}]
@@ -42,10 +54,14 @@ def test_model_cache_and_env_reach_the_processes():
     ([{"ssh": "a b", "ips": ["1.2.3.4"]}], "'ssh' must be a host name"),
     ([{"ssh": "a", "ips": []}], "'ips' must be a non-empty list"),
     ([{"ssh": "a", "ips": ["1.2.3.4"]}, {"ssh": "a", "ips": ["1.2.3.5"]}], "host 'a': listed twice"),
-    ([{"ssh": "a", "ips": ["1.2.3.4"]}], "exactly one host needs"),
+    ([{"ssh": "a", "ips": ["1.2.3.4"]}], "one host needs"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"role": "learner"}},
-      {"ssh": "b", "ips": ["2"], "artmlx": {"role": "learner"}}],
-     "found 2"),
+      {"ssh": "b", "ips": ["1"], "artmlx": {"role": "learner"}}, {"ssh": "c", "ips": ["3"]}],
+     "host 'b': ring address 1:5560 is taken by host 'a'"),
+    ([{"ssh": "a", "ips": ["fd00::1"], "artmlx": {"role": "learner"}},
+      {"ssh": "b", "ips": ["fd00::2"], "artmlx": {"role": "learner"}}, {"ssh": "c", "ips": ["fd00::3"]}],
+     "need IPv4 addresses"),
+    ([{"ssh": "a", "ips": ["1"], "artmlx": {"ring_port": 0}}], "'ring_port' must be 1..65535"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"role": "boss"}}], "role must be one of"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"actors": -1}}], "'actors' must be a whole number"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"port": 70000}}], "'port' must be 1..65535"),
