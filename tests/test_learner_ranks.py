@@ -69,3 +69,18 @@ def test_a_two_rank_learner_trains_loses_a_rank_and_resumes_with_two_then_one(tm
     assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0
     assert [row["learner_ranks"] for row in train_rows(run)] == [2, 2, 2, 2, 1, 1]
     assert not learner_rank_pids(run, 0) and not learner_rank_pids(run, 1)
+
+
+def test_a_learner_started_for_another_backend_is_refused_by_name(monkeypatch):
+    from artmlx.apps.learner_ranks import rank_link
+
+    for name in ("MLX_HOSTFILE", "MLX_RANK", "NCCL_HOST_IP", "MLX_JACCL_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+    assert rank_link() is None  # one learner
+    monkeypatch.setenv("NCCL_HOST_IP", "10.0.0.1")
+    with pytest.raises(ValueError, match="mlx.launch --backend nccl.*ring backend only"):
+        rank_link()
+    monkeypatch.delenv("NCCL_HOST_IP")
+    monkeypatch.setenv("MLX_HOSTFILE", "/tmp/ring.json")
+    with pytest.raises(ValueError, match="MLX_RANK is not"):
+        rank_link()

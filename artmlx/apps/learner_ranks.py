@@ -71,6 +71,10 @@ class RankLink:
 def rank_link() -> RankLink | None:
     """The learner's ranks when this process was started as one of several (`MLX_HOSTFILE` set), else None."""
     if not os.environ.get(HOSTFILE_ENV):
+        for variable, backend in (("NCCL_HOST_IP", "nccl"), ("MLX_JACCL_COORDINATOR", "jaccl")):
+            if os.environ.get(variable):  # mlx.launch --backend nccl|jaccl: not tried here, so not taken
+                raise ValueError(f"{variable} is set (mlx.launch --backend {backend}): the learner's ranks run on "
+                                 "mx.distributed's ring backend only so far; launch them with --backend ring")
         return None
     if RANK_ENV not in os.environ:
         raise ValueError(f"{HOSTFILE_ENV} is set but {RANK_ENV} is not: start the learner's ranks with mlx.launch "
