@@ -147,17 +147,14 @@ def learner(bind, keys, insecure, plain, colocated_actors, config_file, model, e
         config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
                                settings)
         from .apps.learner import LearnerService
-        from .apps.learner_ranks import follow, rank_link
+        from .apps.learner_ranks import as_rank
 
-        ranks = rank_link()
-        if ranks is not None and ranks.rank > 0:
-            click.echo(f"learner rank {ranks.rank} of {ranks.size} done: {follow(config, ranks)} updates trained")
-            return
-        run_dir = LearnerService(config, bind, Path(keys) if keys else None, insecure, resume, ranks=ranks,
-                                 live=False if plain else None, colocated_actors=colocated_actors).run()
+        said = as_rank(config, lambda ranks: LearnerService(config, bind, Path(keys) if keys else None, insecure, resume,
+                                                            ranks=ranks, live=False if plain else None,
+                                                            colocated_actors=colocated_actors).run())
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
-    click.echo(f"learner done: {run_dir}")
+    click.echo(said)
 
 
 @cli.command()

@@ -41,6 +41,7 @@ import threading
 import time
 
 from ..netutil import free_port
+from .learner_ranks import EXIT_RANK_LOST
 from ..config import TrainConfig, config_to_toml
 
 
@@ -145,7 +146,8 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                  learner_ranks: int = 1) -> int:
     """The learner and `actors` actor processes; with `colocated`, that many actor threads in the learner's
     process (and `actors` 0); with `learner_ranks` > 1, that many learner processes on a ring of loopback ports
-    (`apps/learner_ranks.py`), rank 0 the one actors talk to. A lost rank stops the run (exit 1, resumable)."""
+    (`apps/learner_ranks.py`), rank 0 the one actors talk to. A lost rank restarts the learner's ranks from the last
+    checkpoint (the actors stay and reconnect); one that keeps failing is left out, with fewer ranks."""
     if learner_ranks > 1 and colocated:
         raise ValueError("--learner-ranks and --placement colocated do not go together yet: use --placement processes")
     run_dir = config.resolved_out()
@@ -166,10 +168,16 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                    + (["--resume"] if resume else []) + ([] if live else ["--plain"])
                    + (["--colocated-actors", str(colocated)] if colocated else []))
     os.environ[PARENT_ENV] = str(os.getpid())
-    rank_envs = ranks_environments(run_dir, learner_ranks)
-    learner = subprocess.Popen(learner_cmd, env={**os.environ, **learner_env, **rank_envs[0]}, preexec_fn=_die_with_parent)
-    ranks = [subprocess.Popen(learner_cmd, env={**os.environ, **learner_env, **env}, preexec_fn=_die_with_parent,
-                              stdout=subprocess.DEVNULL if live else None) for env in rank_envs[1:]]
+
+    def start_learner(count: int, command: list[str]) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+        """Rank 0 and the learner's other ranks (none for one)."""
+        envs = ranks_environments(run_dir, count)
+        return (subprocess.Popen(command, env={**os.environ, **learner_env, **envs[0]}, preexec_fn=_die_with_parent),
+                [subprocess.Popen(command, env={**os.environ, **learner_env, **env}, preexec_fn=_die_with_parent,
+                                  stdout=subprocess.DEVNULL if live else None) for env in envs[1:]])
+
+    learner, ranks = start_learner(learner_ranks, learner_cmd)
+    ranks_started, rank_crashes = time.monotonic(), 0
     actor_procs: dict[int, subprocess.Popen] = {}
     started_at: dict[int, float] = {}
     quick_crashes: dict[int, int] = {}
@@ -214,17 +222,37 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         start_actor(index)
     interrupted = all_failed = rank_lost = False
     try:
-        while learner.poll() is None:
+        while True:
             now = time.monotonic()
             lost = [(i, p.returncode) for i, p in enumerate(ranks, 1) if p.poll() is not None and p.returncode != 0]
-            if lost:  # the others wait on it in their next collective: stop the run, resumable from its checkpoint
-                say(f"[run] learner rank {lost[0][0]} exited with {lost[0][1]}: stopping the run (--resume continues "
-                    "from the last checkpoint)")
-                rank_lost = True
-                for process in [learner, *actor_procs.values()]:  # as on Ctrl-C: all told at once
-                    if process.poll() is None:
+            if learner.poll() is not None:  # rank 0 ended: a finished run, a crash, or a peer lost in its collective
+                if learner.returncode != EXIT_RANK_LOST:
+                    break
+                lost = lost or [(0, EXIT_RANK_LOST)]
+            if lost:  # the others wait on it in their next collective: restart the ranks from the last checkpoint
+                from ..learner.checkpoint import latest_checkpoint
+
+                rank_crashes = rank_crashes + 1 if now - ranks_started < STABLE_S else 1
+                count = len(ranks) + (rank_crashes < MAX_QUICK_CRASHES)  # one that keeps failing is left out
+                rank_crashes = rank_crashes if count > len(ranks) else 0
+                learner.send_signal(signal.SIGUSR1)  # checkpoint between updates; the actors stay
+                _stop([learner], grace=10, ask_after=10)  # killed when it waits inside a collective
+                _stop(ranks, grace=5)
+                checkpoint = latest_checkpoint(run_dir)
+                if checkpoint is None:
+                    say(f"[run] learner rank {lost[0][0]} exited with {lost[0][1]} before the first checkpoint: "
+                        "stopping the run")
+                    rank_lost = True
+                    for process in actor_procs.values():
                         process.send_signal(signal.SIGTERM)
-                break
+                    break
+                fewer = (f" (a rank failed {MAX_QUICK_CRASHES} times within {STABLE_S:.0f} s of a start: one rank "
+                         "fewer)") if count <= len(ranks) else ""
+                say(f"[run] learner rank {lost[0][0]} exited with {lost[0][1]}: the learner goes on from "
+                    f"{checkpoint.name} with {count} rank{'s' * (count > 1)}{fewer}")
+                learner, ranks = start_learner(count, [*learner_cmd, *(["--resume"] if not resume else [])])
+                ranks_started = time.monotonic()
+                continue
             for index, process in list(actor_procs.items()):
                 # Exit status 0 is an actor leaving on the learner's shutdown: not a crash.
                 if index in given_up or index in restart_at or process.poll() is None or process.returncode == 0:
@@ -269,7 +297,7 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         try:
-            _stop([learner], grace=10 if rank_lost else 60)  # a checkpoint of a large model takes a while
+            _stop([learner], grace=60)  # a checkpoint of a large model takes a while
             _stop(ranks, grace=10, ask_after=5)  # they leave on rank 0's last word, or wait in a collective
             # actors leave by themselves on the learner's shutdown message; the rest are told to
             _stop(list(actor_procs.values()), grace=ACTOR_GRACE_S, ask_after=5)

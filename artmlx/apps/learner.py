@@ -46,7 +46,7 @@ from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_st
 from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from .colocated import ColocatedActors, role_budgets
-from .learner_ranks import RankLink, check_same_start
+from .learner_ranks import RankLink, RankLost, check_same_start, peer_lost
 from .learner_view import LiveView
 
 
@@ -159,6 +159,8 @@ class LearnerService:
         self.reload_keys = False
         if hasattr(signal, "SIGHUP"):  # re-read the allowed actor keys: revocation without a restart
             signal.signal(signal.SIGHUP, lambda number, frame: setattr(self, "reload_keys", True))
+        if self.ranks is not None and hasattr(signal, "SIGUSR1"):  # `artmlx run` restarts the ranks (one was lost)
+            signal.signal(signal.SIGUSR1, lambda number, frame: self._request_stop(RESTART_REASON))
         self.hub.publish(self.trainer.policy_version, adapter_weights(self.model, self.wire_dtype))
         if self.colocated is not None:
             self.colocated.start(self.address)
@@ -205,6 +207,9 @@ class LearnerService:
                 window_start, idle, received_tokens = time.perf_counter(), 0.0, 0
                 self._after_update()
         except BaseException as error:  # the final row and the actors must say it crashed, not finished
+            if self.ranks is not None and peer_lost(error):  # the ranks come back from the checkpoint; actors stay
+                self.stop_reason = RESTART_REASON
+                raise RankLost(f"learner rank 0: {error}") from error
             self.stop_reason = self.stop_reason or f"learner crashed: {type(error).__name__}: {error}"
             raise
         finally:
@@ -323,6 +328,10 @@ class LearnerService:
             except (OSError, RuntimeError) as error:  # a full disk (MLX: RuntimeError): the previous one stays; actors must still hear
                 checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
+        if reason == RESTART_REASON:  # the learner comes back from this checkpoint: actors stay, and reconnect
+            self.log.close()
+            self.hub.socket.close()
+            return
         self._show(phase="stopping actors")
         try:
             unconfirmed = self.hub.shutdown(reason)
@@ -338,6 +347,9 @@ class LearnerService:
         self.hub.socket.close()
         if self.agent_eval is not None:
             self.agent_eval.close()
+
+
+RESTART_REASON = "restarting the learner's ranks (one was lost)"
 
 
 def wire_dtype(setting: str, activation_bytes: int) -> mx.Dtype:

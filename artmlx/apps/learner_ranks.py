@@ -10,14 +10,16 @@ update's groups to the other ranks over the same `mx.distributed` group, as the 
 from rank 0 to the others the same way (its checkpoint's files), so the ranks need not share a disk, and
 every rank checks that all start from the same adapters.
 
-A rank that dies makes the others' next collective fail, or wait for good in a large one (seen with
-mlx 0.32.4's ring on the CPU), so whoever supervises the ranks stops them all (`artmlx run` does, and says
-which rank was lost); `--resume` continues from the last checkpoint.
+A rank that dies makes the others' next collective fail (they exit with `EXIT_RANK_LOST`; rank 0 without telling
+its actors to leave), or wait for good in a large one (seen with mlx 0.32.4's ring on the CPU). `artmlx run`
+then restarts the ranks from the last checkpoint (rank 0 asked first, by SIGUSR1, to checkpoint between updates)
+while the actors stay and reconnect; by hand, `--resume` does the same.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +30,17 @@ import numpy as np
 from ..config import TrainConfig
 
 RANK_ENV, HOSTFILE_ENV = "MLX_RANK", "MLX_HOSTFILE"
+EXIT_RANK_LOST = 4  # a learner rank's exit status when a collective failed because another rank was gone
+
+
+class RankLost(RuntimeError):
+    """Another learner rank is gone (mx.distributed's ring lost its connection); the supervisor restarts the ranks."""
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether `error` is the ring backend's word that a peer is gone (mlx 0.32: "[ring] connection to a peer was
+    lost")."""
+    return isinstance(error, RuntimeError) and str(error).startswith("[ring]")
 
 
 class RankLink:
@@ -83,6 +96,20 @@ def rank_link() -> RankLink | None:
     return RankLink(group) if group.size() > 1 else None
 
 
+def as_rank(config: TrainConfig, serve) -> str:
+    """This process's part of the learner, as its environment says: the service (`serve(ranks)`, returning the run
+    directory) for rank 0 or a lone learner, else `follow`. Returns its last line; exits with `EXIT_RANK_LOST` when
+    another rank was lost (its supervisor restarts the ranks)."""
+    ranks = rank_link()
+    try:
+        if ranks is not None and ranks.rank > 0:
+            return f"learner rank {ranks.rank} of {ranks.size} done: {follow(config, ranks)} updates trained"
+        return f"learner done: {serve(ranks)}"
+    except RankLost as lost:
+        print(f"{lost}; stopping (the ranks resume from the last checkpoint)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_RANK_LOST) from None
+
+
 def check_same_start(link: RankLink, trainer) -> None:
     """Every rank must hold the same adapters and step before the first update (all ranks call this)."""
     from ..learner.data_parallel import same_everywhere
@@ -115,9 +142,14 @@ def follow(config: TrainConfig, link: RankLink) -> int:
             load_checkpoint(Path(folder), trainer)
     check_same_start(link, trainer)
     updates = 0
-    while True:
-        payload = link.broadcast()
-        if payload["op"] == "stop":
-            return updates
-        trainer.train_step([message_to_group(decode(frames)) for frames in payload["groups"]])
-        updates += 1
+    try:
+        while True:
+            payload = link.broadcast()
+            if payload["op"] == "stop":
+                return updates
+            trainer.train_step([message_to_group(decode(frames)) for frames in payload["groups"]])
+            updates += 1
+    except RuntimeError as error:
+        if peer_lost(error):
+            raise RankLost(f"learner rank {link.rank}: {error}") from error
+        raise
