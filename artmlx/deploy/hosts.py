@@ -8,7 +8,8 @@ A host without an `artmlx` block is an actor host with the defaults (`mlx.launch
 are, given one learner). The first learner host is the learner actors know (rank 0); it binds its first IP
 (or `bind_ip`), never a guessed interface, and actors connect to that address. Further learner hosts are
 its data-parallel ranks 1, 2, ... in the order listed (`apps/learner_ranks.py`): every learner host then
-listens on `ring_port` at that address for mx.distributed's ring backend. Every error names the host and
+listens on `ring_port` at that address (or at `ring_ip`, another of its `ips`: a Thunderbolt link's, say)
+for mx.distributed's ring backend. Every error names the host and
 the field.
 """
 
@@ -25,7 +26,7 @@ DEFAULT_RING_PORT = 5560
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 BLOCK_FIELDS = {"role", "actors", "python", "workdir", "model_cache", "env", "port", "bind_ip", "memory_budget_gb",
-                "learner_address", "ring_port"}
+                "learner_address", "ring_port", "ring_ip"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Host:
     forward, a tunnel, a relay): tcp://HOST:PORT."""
     ring_port: int = DEFAULT_RING_PORT
     """A learner host's port for the ring between the learner's ranks (when there are several)."""
+    ring_ip: str = ""
+    """A learner host's address for that ring when not its actors' one: its Thunderbolt bridge's IP, say."""
 
     @property
     def name(self) -> str:
@@ -78,7 +81,7 @@ class Host:
     @property
     def ring_address(self) -> str:
         """Where the learner's other ranks reach this learner host's rank (the ring backend's `ip:port`)."""
-        return f"{self.bind_ip or self.ips[0]}:{self.ring_port}"
+        return f"{self.ring_ip or self.bind_ip or self.ips[0]}:{self.ring_port}"
 
     @property
     def key_name(self) -> str:
@@ -153,7 +156,7 @@ def parse_hosts(entries, source: str = "hosts file") -> Fleet:
     if not actors:
         raise ValueError(f"{source}: no actor host (every host but the learners' is one by default)")
     if len(learners) > 1:
-        if any(":" in (h.bind_ip or h.ips[0]) for h in learners):
+        if any(":" in h.ring_address.rsplit(":", 1)[0] for h in learners):
             raise ValueError(f"{source}: the learner's ranks need IPv4 addresses for mx.distributed's ring "
                              f"(learner hosts: {', '.join(h.ssh for h in learners)})")
         seen: dict[str, str] = {}
@@ -172,7 +175,7 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
     actors = block.get("actors", 1)
     if not isinstance(actors, int) or isinstance(actors, bool) or not 0 <= actors <= 64:
         raise ValueError(f"{where}: 'actors' must be a whole number from 0 to 64, got {actors!r}")
-    for name in ("python", "workdir", "model_cache", "bind_ip"):
+    for name in ("python", "workdir", "model_cache", "bind_ip", "ring_ip"):
         if not isinstance(block.get(name, ""), str) or "\n" in block.get(name, ""):
             raise ValueError(f"{where}: {name!r} must be a one-line string")
     env = block.get("env", {})
@@ -185,9 +188,10 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
     for name, value in (("port", port), ("ring_port", ring_port)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
             raise ValueError(f"{where}: {name!r} must be 1..65535, got {value!r}")
-    bind_ip = block.get("bind_ip", "")
-    if bind_ip and bind_ip not in ips:
-        raise ValueError(f"{where}: bind_ip {bind_ip!r} is not one of its ips {list(ips)}")
+    bind_ip, ring_ip = block.get("bind_ip", ""), block.get("ring_ip", "")
+    for name, value in (("bind_ip", bind_ip), ("ring_ip", ring_ip)):
+        if value and value not in ips:
+            raise ValueError(f"{where}: {name} {value!r} is not one of its ips {list(ips)}")
     learner_address = block.get("learner_address", "")
     if learner_address and not re.match(r"^tcp://[A-Za-z0-9_.:\[\]-]+:[0-9]{1,5}$", str(learner_address)):
         raise ValueError(f"{where}: 'learner_address' must look like tcp://HOST:PORT, got {learner_address!r}")
@@ -197,7 +201,7 @@ def _host(ssh: str, ips: tuple, block: dict, where: str) -> Host:
     return Host(ssh=ssh, ips=ips, role=role, actors=actors, python=block.get("python") or "python3",
                 workdir=block.get("workdir", ""), model_cache=block.get("model_cache", ""), env=dict(env),
                 port=port, bind_ip=bind_ip, memory_budget_gb=float(budget), learner_address=learner_address,
-                ring_port=ring_port)
+                ring_port=ring_port, ring_ip=ring_ip)
 
 
 def load_hosts(path: str | Path) -> Fleet:

@@ -34,12 +34,15 @@ def test_further_learner_hosts_are_the_learners_ranks_in_the_order_listed():
     entries = [{"ssh": "studio", "ips": ["10.0.0.1"], "artmlx": {"role": "learner"}},
                {"ssh": "air", "ips": ["10.0.0.2"]},
                {"ssh": "mini", "ips": ["10.0.0.3"], "artmlx": {"role": "learner", "ring_port": 7000}},
-               {"ssh": "pro", "ips": ["10.0.0.4", "10.0.1.4"], "artmlx": {"role": "learner", "bind_ip": "10.0.1.4"}}]
+               {"ssh": "pro", "ips": ["10.0.0.4", "10.0.1.4"], "artmlx": {"role": "learner", "bind_ip": "10.0.1.4"}},
+               {"ssh": "max", "ips": ["10.0.0.5", "169.254.7.5"], "artmlx": {"role": "learner", "ring_ip": "169.254.7.5"}}]
     fleet = parse_hosts(entries)
-    assert fleet.learner.ssh == "studio" and [h.ssh for h in fleet.ranks] == ["mini", "pro"]
-    assert [h.ssh for h in fleet.learners] == ["studio", "mini", "pro"] and [h.ssh for h in fleet.actors] == ["air"]
-    assert fleet.ring_hostfile() == [["10.0.0.1:5560"], ["10.0.0.3:7000"], ["10.0.1.4:5560"]]
-    assert [h.ssh for h in fleet.hosts] == ["studio", "mini", "pro", "air"]
+    assert fleet.learner.ssh == "studio" and [h.ssh for h in fleet.ranks] == ["mini", "pro", "max"]
+    assert [h.ssh for h in fleet.learners] == ["studio", "mini", "pro", "max"] and [h.ssh for h in fleet.actors] == ["air"]
+    # the ring on each host's ring_ip (a Thunderbolt link), else bind_ip, else its first address
+    assert fleet.ring_hostfile() == [["10.0.0.1:5560"], ["10.0.0.3:7000"], ["10.0.1.4:5560"], ["169.254.7.5:5560"]]
+    assert fleet.ranks[2].address == "tcp://10.0.0.5:5555"  # its actors' address stays on the first
+    assert [h.ssh for h in fleet.hosts] == ["studio", "mini", "pro", "max", "air"]
 
 
 def test_model_cache_and_env_reach_the_processes():
@@ -62,6 +65,7 @@ def test_model_cache_and_env_reach_the_processes():
       {"ssh": "b", "ips": ["fd00::2"], "artmlx": {"role": "learner"}}, {"ssh": "c", "ips": ["fd00::3"]}],
      "need IPv4 addresses"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"ring_port": 0}}], "'ring_port' must be 1..65535"),
+    ([{"ssh": "a", "ips": ["1"], "artmlx": {"ring_ip": "2"}}], "ring_ip '2' is not one of its ips"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"role": "boss"}}], "role must be one of"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"actors": -1}}], "'actors' must be a whole number"),
     ([{"ssh": "a", "ips": ["1"], "artmlx": {"port": 70000}}], "'port' must be 1..65535"),
