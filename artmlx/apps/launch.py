@@ -40,9 +40,10 @@ import sys
 import threading
 import time
 
+from ..config import TrainConfig, config_to_toml
+from ..learner.checkpoint import latest_checkpoint
 from ..netutil import free_port
 from .learner_ranks import EXIT_RANK_LOST
-from ..config import TrainConfig, config_to_toml
 
 
 RESTART_DELAY_S = 0.5
@@ -230,8 +231,6 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
                     break
                 lost = lost or [(0, EXIT_RANK_LOST)]
             if lost:  # the others wait on it in their next collective: restart the ranks from the last checkpoint
-                from ..learner.checkpoint import latest_checkpoint
-
                 rank_crashes = rank_crashes + 1 if now - ranks_started < STABLE_S else 1
                 count = len(ranks) + (rank_crashes < MAX_QUICK_CRASHES)  # one that keeps failing is left out
                 rank_crashes = rank_crashes if count > len(ranks) else 0

@@ -58,6 +58,7 @@ class LearnerService:
         `ranks`: the learner's other ranks, when this is rank 0 of several (`apps/learner_ranks.py`)."""
         self.config = config
         self.ranks = ranks
+        self.rank_count = 1 if ranks is None else ranks.size
         if ranks is not None and colocated_actors:
             raise ValueError("colocated actors and several learner ranks do not go together yet: use actor processes "
                              "(--placement processes) with --learner-ranks")
@@ -88,17 +89,18 @@ class LearnerService:
         self.log = open_metrics(self.run_dir, config, echo)
         consumed: dict[str, int] | list[str] = {}
         self.elapsed_before = 0.0
+        resumed = latest_checkpoint(self.run_dir) if resume else None
         if resume:
-            extra = load_checkpoint(latest_checkpoint(self.run_dir), self.trainer)
+            extra = load_checkpoint(resumed, self.trainer)
             consumed = extra.get("consumed", {})  # group id -> policy version (a list in older checkpoints)
             self.elapsed_before = extra.get("time", 0.0)
-            before, now = extra.get("learner_ranks", 1), 1 if ranks is None else ranks.size
+            before, now = extra.get("learner_ranks", 1), self.rank_count
             if echo and before != now:  # the checkpoint is one rank's state: any number of ranks goes on from it
                 print(f"learner: resuming with {now} learner rank{'s' * (now > 1)}; the checkpoint was written by {before}",
                       flush=True)
             self.log.truncate_after(self.trainer.step)
         if ranks is not None:  # the other ranks take this one's state (a resumed checkpoint travels to them)
-            ranks.send_state(latest_checkpoint(self.run_dir) if resume else None)
+            ranks.send_state(resumed)
             check_same_start(ranks, self.trainer)
         self.fingerprint = fingerprint(config.model, self.spec)
         limits = GroupLimits(env=config.env, group_size=config.group_size, vocab_size=vocab_size(self.model),
@@ -256,7 +258,7 @@ class LearnerService:
             "tokens": sum(g.tokens for g in groups), "train_seconds": seconds,
             "train_tokens_per_s": stats["tokens_trained"] / max(seconds, 1e-9),
             "staleness_max": max(staleness), "staleness_mean": float(np.mean(staleness)),
-            "learner_ranks": 1 if self.ranks is None else self.ranks.size,
+            "learner_ranks": self.rank_count,
             **self._group_counts(), "actors": len(self.hub.actors), "queue_depth": len(self.buffer),
             **stats,
         }
@@ -315,7 +317,7 @@ class LearnerService:
         self.checkpointed_step = self.trainer.step
         save_run_state(self.run_dir, self.trainer, self.spec, self.config.model,
                        {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items())),
-                        "learner_ranks": 1 if self.ranks is None else self.ranks.size},
+                        "learner_ranks": self.rank_count},
                        self.config.keep_checkpoints)
 
     def _finish(self) -> None:
@@ -328,21 +330,18 @@ class LearnerService:
             except (OSError, RuntimeError) as error:  # a full disk (MLX: RuntimeError): the previous one stays; actors must still hear
                 checkpoint_error = f"; the final checkpoint failed ({error}), the latest good one is kept"
         reason = (self.stop_reason or f"training finished after {self.trainer.step} updates") + checkpoint_error
-        if reason == RESTART_REASON:  # the learner comes back from this checkpoint: actors stay, and reconnect
-            self.log.close()
-            self.hub.socket.close()
-            return
-        self._show(phase="stopping actors")
-        try:
-            unconfirmed = self.hub.shutdown(reason)
-        finally:
-            if self.colocated is not None:
-                self.colocated.stop()
-        self._show(phase=f"done: {reason}")
-        self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
-                        **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(), "actors_unconfirmed": unconfirmed,
-                        **self.hub.actor_totals(AGENT_STATS),
-                        "stop_reason": reason})
+        if reason != RESTART_REASON:  # a restart comes back from this checkpoint: actors stay, and no final row yet
+            self._show(phase="stopping actors")
+            try:
+                unconfirmed = self.hub.shutdown(reason)
+            finally:
+                if self.colocated is not None:
+                    self.colocated.stop()
+            self._show(phase=f"done: {reason}")
+            self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
+                            **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(),
+                            "actors_unconfirmed": unconfirmed, **self.hub.actor_totals(AGENT_STATS),
+                            "stop_reason": reason})
         self.log.close()
         self.hub.socket.close()
         if self.agent_eval is not None:

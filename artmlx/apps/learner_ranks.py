@@ -66,10 +66,10 @@ class RankLink:
         received = np.array(mx.distributed.all_sum(mx.array(buffer), group=self.group))
         return msgpack.unpackb(received.tobytes(), raw=False)
 
-    def send_state(self, checkpoint: Path | None) -> dict:
+    def send_state(self, checkpoint: Path | None) -> None:
         """Rank 0: a resumed run's checkpoint files (none for a fresh run, whose ranks start alike by seed)."""
         files = {p.name: p.read_bytes() for p in sorted(checkpoint.iterdir()) if p.is_file()} if checkpoint else {}
-        return self.broadcast({"op": "state", "files": files})
+        self.broadcast({"op": "state", "files": files})
 
     def send_update(self, messages: list) -> None:
         """Rank 0: the groups of the update it is about to train (wire messages)."""
