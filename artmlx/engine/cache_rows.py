@@ -164,7 +164,8 @@ def compact(cache: RaggedCache) -> None:
     # real slots first, in slot order (distinct keys: no reliance on a stable sort), so a row's real
     # slots stay in position order, which the prefix cache slices by
     slot = mx.arange(state.used)[None, :]
-    order = mx.argsort(mx.where(valid, slot, slot + state.used), axis=1)
+    # signed: argsort gives uint32, and `order - first` below must go negative for a window layer's dropped slots
+    order = mx.argsort(mx.where(valid, slot, slot + state.used), axis=1).astype(mx.int32)
     real = np.array(valid.sum(axis=1))
     keep = int(real.max())
     order = order[:, :keep]

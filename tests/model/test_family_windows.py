@@ -114,3 +114,25 @@ def test_window_layers_trim_through_joins_compaction_and_prefix_hits(folders):
     for request in first + follow + [partial]:
         assert request.finish_reason == "length"
         assert_greedy_and_exact(model, request)
+
+
+def test_compaction_after_window_layers_dropped_slots_keeps_every_row_exact(folders):
+    """A long row leaves once the window layers have dropped the slots below its window (their buffers start
+    at `window_base` > 0); compaction then gathers the survivors' slots from those buffers. Slots below the
+    base must read as zeros, not wrap around (argsort's indices are unsigned: `order - base` underflowed
+    and the gather read past the buffer, a segfault on the CPU)."""
+    from artmlx.engine.generate import Engine
+    from artmlx.engine.scheduler import Request, Scheduler
+    from tests.engine.test_scheduler import assert_greedy_and_exact, run
+
+    model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
+    rng = np.random.default_rng(3)
+    prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
+    scheduler = Scheduler(Engine(model, cache_block=4), max_rows=4, decode_chunk=1)
+    arrivals = {0: [Request(prompt(5), 30, 0.0), Request(prompt(40), 6, 0.0)],
+                9: [Request(prompt(3), 25, 0.0), Request(prompt(160), 8, 0.0)]}
+    run(scheduler, arrivals)
+    assert scheduler.counts["compactions"] >= 1
+    for request in [r for rs in arrivals.values() for r in rs]:
+        assert request.finish_reason == "length"
+        assert_greedy_and_exact(model, request)
