@@ -319,7 +319,9 @@ def status(address, keys, actor_key, as_json, timeout_s):
               help="Largest max_tokens a request may ask for (and the default).")
 @click.option("--prefix-cache-mb", type=click.IntRange(min=0), default=1024, show_default=True,
               help="KV of finished sequences kept for requests that extend them (0: no prefix cache).")
-def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens, prefix_cache_mb):
+@click.option("--decode-chunk", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Decode steps queued between two host reads of the sampled tokens (vLLM's multi-step).")
+def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens, prefix_cache_mb, decode_chunk):
     """OpenAI-compatible server (chat and completions, exact token ids and logprobs, continuous batching)."""
     from .serve import run_server
     from .serve.model_server import ModelServer, ServeConfig
@@ -328,7 +330,8 @@ def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens, pref
         _fail(ValueError(f"refusing to serve on {host} without --api-key (anyone on the network could use it)"))
     try:
         server = ModelServer(ServeConfig(model=model, adapters=adapters or "", name=name, max_rows=max_rows,
-                                         max_tokens=max_tokens, prefix_cache_mb=prefix_cache_mb))
+                                         max_tokens=max_tokens, prefix_cache_mb=prefix_cache_mb,
+                                         decode_chunk=decode_chunk))
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"serving {server.model_names} on http://{host}:{port}/v1", err=True)

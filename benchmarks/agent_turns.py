@@ -8,7 +8,10 @@ scheduler): the same workload three ways on one loaded model,
   - `exact`:    conversation memory on (token-exact prompts), prefix cache off;
   - `cached`:   both on (the default).
 For each: groups kept (a group needs all G trajectories), trajectories refused and why, prompt
-tokens submitted against tokens prefilled, and wall time.
+tokens submitted against tokens prefilled, wall time, decode forwards and the CPU seconds of the
+agents' thread (the openai client, HTTP and the API all run there, beside the scheduler's thread,
+under one GIL). `--decode-chunks 1,8` repeats `cached` at each number of decode steps the scheduler
+queues between two host reads (`Scheduler.decode_chunk`), alternated.
 
 Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
 `--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state.
@@ -45,7 +48,8 @@ def small_synth() -> str:
     return str(out)
 
 
-def play(model: str, groups: int, group_size: int, rows: int) -> dict:
+def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: list[int],
+         cached_only: bool = False) -> dict:
     from artmlx.rollout.agent_code import load_rollout
     from artmlx.rollout.agents import MODEL_NAME, AgentRollouts
     from artmlx.serve.model_server import ModelServer, ServeConfig
@@ -57,7 +61,12 @@ def play(model: str, groups: int, group_size: int, rows: int) -> dict:
     cache, capacity = server.scheduler.prefix, server.conversations.capacity
     results = {}
     rollouts.play(list(range(1000, 1000 + max(1, rows // group_size))), group_size)  # warm-up: compile kernels
-    for name, exact, cached in (("text", False, False), ("exact", True, False), ("cached", True, True)):
+    modes = [] if cached_only else [("text", False, False, None), ("exact", True, False, None)]
+    modes += [("cached", True, True, None)] if not decode_chunks else \
+        [(f"cached,chunk={chunk}#{r}", True, True, chunk) for r in (1, 2) for chunk in decode_chunks]
+    default_chunk = server.scheduler.decode_chunk
+    for name, exact, cached, chunk in modes:
+        server.scheduler.decode_chunk = chunk or default_chunk
         scheduler = server.scheduler
         scheduler.prefix = cache if cached else None
         if cached:
@@ -66,27 +75,29 @@ def play(model: str, groups: int, group_size: int, rows: int) -> dict:
         server.conversations.capacity = capacity if exact else 0
         server.conversations._replies.clear()
         before = (scheduler.prompt_tokens, scheduler.prefill_tokens, collections.Counter(rollouts.failures.counts),
-                  collections.Counter(scheduler.counts))
-        started = time.perf_counter()
+                  collections.Counter(scheduler.counts), scheduler.decode_forwards)
+        started, cpu_started = time.perf_counter(), time.thread_time()
         kept = []
         for start in range(0, groups, max(1, rows // group_size)):
             seeds = list(range(start, min(groups, start + max(1, rows // group_size))))
             kept += rollouts.play(seeds, group_size)
-        wall = time.perf_counter() - started
+        wall, agents_cpu = time.perf_counter() - started, time.thread_time() - cpu_started
         refused = rollouts.failures.counts - before[2]
         results[name] = {
             "groups": groups, "groups_kept": len(kept), "groups_kept_frac": len(kept) / groups,
             "trajectories": groups * group_size, "trajectories_refused": sum(refused.values()),
             "refusal_reasons": {reason[:160]: n for reason, n in refused.most_common(3)},
             "prompt_tokens": scheduler.prompt_tokens - before[0], "prefill_tokens": scheduler.prefill_tokens - before[1],
-            "wall_s": round(wall, 2),
+            "wall_s": round(wall, 2), "decode_chunk": server.scheduler.decode_chunk,
+            "decode_forwards": scheduler.decode_forwards - before[4], "agents_thread_cpu_s": round(agents_cpu, 2),
             # where the scheduler's thread spent it (admit_s: prefills and joins; decode_s: decode steps, of
             # which sync_s waiting for the device and remember_s keeping finished sequences' KV)
             "scheduler": {k: round(v - before[3].get(k, 0), 3) for k, v in scheduler.counts.items()}}
         results[name]["prefill_frac"] = results[name]["prefill_tokens"] / max(results[name]["prompt_tokens"], 1)
         print(f"{name:7s}: {len(kept)}/{groups} groups kept, {results[name]['trajectories_refused']} trajectories "
               f"refused, prefilled {results[name]['prefill_tokens']:,} of {results[name]['prompt_tokens']:,} prompt "
-              f"tokens ({results[name]['prefill_frac']:.1%}), {wall:.1f} s", flush=True)
+              f"tokens ({results[name]['prefill_frac']:.1%}), {wall:.1f} s, {results[name]['decode_forwards']} decode "
+              f"forwards, agents' thread {agents_cpu:.1f} CPU s", flush=True)
     rollouts.close()
     return results
 
@@ -126,13 +137,17 @@ def main() -> None:
     parser.add_argument("--pipeline", action="store_true")
     parser.add_argument("--pipeline-only", action="store_true", help="Part 2 alone.")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--decode-chunks", default="", help="comma-separated Scheduler.decode_chunk values for `cached`")
+    parser.add_argument("--cached-only", action="store_true", help="Part 1 without the text and exact modes")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     model = args.model or small_synth()
     report = {"command": " ".join(sys.argv), "model": model,
               "workload": {k: os.environ.get(k) for k in ("SYNTHETIC_PROMPT_TOKENS", "SYNTHETIC_TURNS",
                                                           "SYNTHETIC_USER_TOKENS", "SYNTHETIC_MAX_TOKENS")},
-              "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows)}
+              "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows,
+                                                              [int(x) for x in args.decode_chunks.split(",") if x],
+                                                              args.cached_only)}
     if args.pipeline or args.pipeline_only:
         report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")))
     if args.json:

@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
     parser.add_argument("--artmlx-only", action="store_true", help="No mlx_lm.server runs (profiling).")
     parser.add_argument("--adapter", action="store_true", help="Both servers serve the same nonzero LoRA adapter.")
+    parser.add_argument("--decode-chunk", type=int, default=1, help="artmlx serve's --decode-chunk")
     parser.add_argument("--json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
@@ -123,10 +124,10 @@ def main() -> None:
               "command": " ".join(sys.argv)}
 
     adapter = write_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter") if args.adapter else None
-    report["adapter"] = bool(adapter)
+    report["adapter"], report["decode_chunk"] = bool(adapter), args.decode_chunk
     server = ModelServer(ServeConfig(model=args.model, adapters=str(adapter or ""), max_rows=rows,
                                      max_tokens=args.max_tokens, max_prompt_tokens=16384,
-                                     prefix_cache_mb=args.prefix_cache_mb))
+                                     prefix_cache_mb=args.prefix_cache_mb, decode_chunk=args.decode_chunk))
     port, ready = free_port(), threading.Event()
     http = run_server(server, "127.0.0.1", port, "", ready=ready)
     ready.wait(60)

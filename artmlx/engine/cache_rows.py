@@ -9,15 +9,16 @@ import numpy as np
 from .cache import LayerKV, LayerState, RaggedCache
 
 
-def rows_kv(cache: RaggedCache, rows: list[int]) -> list[list[tuple[mx.array, ...]]]:
+def rows_kv(cache: RaggedCache, rows: list[int], ends: list[int] | None = None) -> list[list[tuple[mx.array, ...]]]:
     """For each row of `rows`, its keys and values at its real slots, in position order: (heads, n, head_dim)
-    per layer; a recurrent layer gives its state arrays for the row instead (the state after the row's every
-    token). A sliding-window layer has zeros at the positions it dropped (`windows_from` says how many).
-    One host read of the validity mask for all the rows (a device sync each would stall the decode loop)."""
+    per layer, only its first `ends[i]` positions when given; a recurrent layer gives its state arrays for the
+    row instead (the state after the row's every token: `ends` cannot cut it). A sliding-window layer has zeros
+    at the positions it dropped (`windows_from` says how many). One host read of the validity mask for all the
+    rows (a device sync each would stall the decode loop)."""
     valid = np.array(cache.state.valid[mx.array(rows), :cache.used])
     out = []
-    for row, row_valid in zip(rows, valid):
-        real = np.flatnonzero(row_valid).astype(np.int32)
+    for i, (row, row_valid) in enumerate(zip(rows, valid)):
+        real = np.flatnonzero(row_valid).astype(np.int32)[: None if ends is None else ends[i]]
         slots = mx.array(real)
         layers = []
         for layer in cache.layers:

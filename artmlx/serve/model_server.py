@@ -50,6 +50,8 @@ class ServeConfig:
     """Sampling seed of the scheduler."""
     prefix_cache_mb: int = 1024
     """KV of finished sequences kept for requests that extend them (an agent's next turn); 0: none."""
+    decode_chunk: int = 1
+    """Decode steps the scheduler queues between two host reads of the sampled tokens (`Scheduler.decode_chunk`)."""
     chat_template_kwargs: dict = field(default_factory=dict)
     """Variables every prompt's chat template gets (a request's own chat_template_kwargs override them)."""
 
@@ -92,7 +94,7 @@ class ModelServer:
             self.conversations = Conversations(self.chat)
             self.scheduler = Scheduler(Engine(self.model), max_rows=config.max_rows,
                                        max_prompt_tokens=config.max_prompt_tokens, seed=config.seed,
-                                       prefix_cache_bytes=config.prefix_cache_mb << 20)
+                                       prefix_cache_bytes=config.prefix_cache_mb << 20, decode_chunk=config.decode_chunk)
             if config.base_name:
                 self.scheduler.hold(BASE_VERSION, base_adapter_weights(adapter_weights(self.model)))
         except BaseException as error:  # the thread's edge: the constructor re-raises it

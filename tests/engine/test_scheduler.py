@@ -92,7 +92,7 @@ def test_sampled_logprobs_are_under_each_requests_temperature_and_stops_end_it(p
 
 def test_holes_left_by_a_long_prompt_are_compacted_without_changing_the_others(policy):
     model, _ = policy
-    scheduler = Scheduler(Engine(model), max_rows=8)
+    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=1)  # counted in single steps
     survivor = scheduler.submit(Request([5, 6, 7], 60, 0.0))
     for _ in range(3):
         scheduler.step()
@@ -126,7 +126,7 @@ def test_a_new_adapter_swaps_in_between_steps_and_running_requests_finish_on_the
     old = dict(tree_flatten(model.trainable_parameters()))
     mx.random.seed(7)
     new = {name: mx.random.normal(value.shape) * 0.05 for name, value in old.items()}
-    scheduler = Scheduler(Engine(model), max_rows=8)
+    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=1)  # counted in single steps
     early = [scheduler.submit(Request([9, 10 + i, 11], 24, 0.0)) for i in range(3)]
     for _ in range(5):
         scheduler.step()
@@ -170,3 +170,48 @@ def test_calls_run_on_the_scheduler_thread_between_steps():
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_chunk_of_decode_steps_ends_each_request_where_single_steps_do(policy):
+    """Eight steps between host reads: rows that end inside a chunk (their max_tokens, a stop token, a stop
+    decided on the host by `on_token`) leave with exactly the tokens single steps give them, greedy and
+    exact, while the rows beside them go on; the decode forwards are counted as they are queued."""
+    model, _ = policy
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(6, 100, size=n)] for n in (4, 9, 6, 3)]
+    alone = [Request(list(p), 21, 0.0) for p in prompts]
+    run(Scheduler(Engine(model), max_rows=8, decode_chunk=1), {0: alone})
+    stop = alone[1].tokens[3]
+    host_stop = lambda request: request.finish_reason or (len(request.tokens) == 6 and  # noqa: E731
+                                                         setattr(request, "finish_reason", "stop"))
+    chunked = [Request(list(prompts[0]), 5, 0.0), Request(list(prompts[1]), 21, 0.0, stop_tokens=frozenset({stop})),
+               Request(list(prompts[2]), 21, 0.0, on_token=host_stop), Request(list(prompts[3]), 21, 0.0)]
+    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=8)
+    run(scheduler, {0: chunked})
+    first_stop = alone[1].tokens.index(stop) + 1
+    assert [len(r.tokens) for r in chunked] == [5, first_stop, 6, 21]
+    assert [r.finish_reason for r in chunked] == ["length", "stop", "stop", "length"]
+    for request, reference in zip(chunked, alone):
+        assert request.tokens == reference.tokens[: len(request.tokens)]
+        assert_greedy_and_exact(model, request)
+    assert scheduler.decode_forwards == 20  # 8 + 8 + 5, the last one feeding no running row
+
+
+def test_sequences_that_end_inside_a_chunk_are_remembered_up_to_their_end(policy):
+    """A row fed past its end inside a chunk is kept in the prefix cache cut at its end (no KV of tokens that
+    are not its own), and the next turn that extends it finds all of it and decodes exactly as a fresh prefill
+    would."""
+    model, _ = policy
+    rng = np.random.default_rng(6)
+    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=8, prefix_cache_bytes=64 << 20)
+    first = [Request([int(t) for t in rng.integers(6, 100, size=30)], n, 0.0) for n in (3, 5, 13)]
+    run(scheduler, {0: first})
+    assert scheduler.prefix.hits == 0
+    entries = list(scheduler.prefix.entries.values())
+    assert len(entries) == 3 and all(kv[0].shape[1] == len(entry.tokens) for entry in entries for kv in entry.kv)
+    second = [Request(r.prompt + r.tokens + [11, 12, 13, 14], 9, 0.0) for r in first]
+    prefilled = scheduler.prefill_tokens
+    run(scheduler, {0: second})
+    assert scheduler.prefix.hits == 3 and scheduler.prefill_tokens == prefilled + 3 * 4
+    for request in second:
+        assert_greedy_and_exact(model, request)

@@ -179,12 +179,13 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     assert refused.returncode != 0 and "ArraysCache" in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize("decode_chunk", [1, 8])
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "lfm2", "gemma4_text"])
-def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family):
+def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family, decode_chunk):
     """Continuous batching on Gemma 3 (window 8) and the recurrent hybrids: requests joining midway, a
     long prompt's holes compacted, a follow-up turn starting from the prefix cache (for a recurrent model,
     from the state after the whole earlier sequence); each greedy sequence is the one it gets alone from
-    mlx-lm's forward."""
+    mlx-lm's forward, in single decode steps and in chunks of 8 (rows fed past their end inside a chunk)."""
     from artmlx.engine.generate import Engine
     from artmlx.engine.scheduler import Request, Scheduler
     from tests.engine.test_scheduler import assert_greedy_and_exact, run
@@ -192,7 +193,7 @@ def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family):
     model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
     rng = np.random.default_rng(1)
     prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
-    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24)
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=decode_chunk)
     arrivals = {0: [Request(prompt(5), 14, 0.0), Request(prompt(12), 4, 0.0)],
                 3: [Request(prompt(90), 3, 0.0), Request(prompt(2), 20, 0.0)], 6: [Request(prompt(9), 9, 0.0)]}
     run(scheduler, arrivals)

@@ -216,3 +216,44 @@ def test_an_adapter_swapped_in_mid_stream_serves_new_requests_while_the_stream_f
     old_reply, new_reply = server.call(references).result(timeout=60)
     assert streamed == server.decode([t for t in old_reply if t not in server.chat.eos_token_ids])
     assert fresh.choices[0].model_extra["token_ids"] == new_reply
+
+
+def test_a_server_decoding_in_chunks_answers_as_single_steps_do(tmp_path):
+    """`--decode-chunk 8`: eight decode steps between host reads. Greedy replies of different lengths, cut by
+    max_tokens inside a chunk, streamed or not, and second turns that extend the first through the prefix
+    cache, are token for token those of a single-step server (a random Qwen3 folder: its replies run long)."""
+    from tests.helpers import family_folder
+
+    folder = str(family_folder(tmp_path, "qwen3"))
+    answers, servers = [], []
+    try:
+        for chunk in (1, 8):
+            server = ModelServer(ServeConfig(model=folder, max_rows=16, max_prompt_tokens=256, max_tokens=64,
+                                             decode_chunk=chunk))
+            port, ready = free_port(), threading.Event()
+            http = run_server(server, "127.0.0.1", port, KEY, ready=ready)
+            servers.append((server, http))
+            assert ready.wait(30) and http.started
+            api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+            out = []
+            for i, max_tokens in enumerate((3, 11, 20)):
+                messages = [{"role": "user", "content": f"move {i}"}]
+                first = api.chat.completions.create(model=folder, messages=messages, max_tokens=max_tokens,
+                                                    temperature=0.0)
+                messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                             {"role": "user", "content": "and now?"}]
+                second = api.chat.completions.create(model=folder, messages=messages, max_tokens=9, temperature=0.0)
+                out += [first.choices[0].model_extra["token_ids"], second.choices[0].model_extra["token_ids"]]
+            stream = api.chat.completions.create(model=folder, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=13, temperature=0.0, stream=True, logprobs=True)
+            out.append([e.model_extra["token_id"] for c in stream if c.choices and c.choices[0].logprobs
+                        for e in c.choices[0].logprobs.content])
+            answers.append(out)
+        single, chunks = answers
+        assert single == chunks and [len(ids) for ids in single[:6:2]] == [3, 11, 20] and len(single[-1]) == 13
+        assert servers[1][0].scheduler.prefix.hits >= 3  # the second turns extended the remembered (cut) first ones
+    finally:
+        for server, http in servers:
+            http.should_exit = True
+            http.thread.join(10)
+            server.close()
