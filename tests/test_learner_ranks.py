@@ -54,7 +54,9 @@ def test_a_lost_rank_restarts_the_ranks_from_the_checkpoint_and_one_rank_can_res
     assert step >= 2 and "learner rank 1 of 2 done" in output and "actors exited with [0]" in output
     rows = train_rows(run)
     checkpoint = {"step": step, "policy_version": next(r["policy_version"] for r in rows if r["step"] == step)}
-    assert_resumed(run, checkpoint, 6)
+    final = assert_resumed(run, checkpoint, 6)
+    # the actor stayed across the restart: the restarted learner's ledger counts its groups from the new Welcome
+    assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0, final
     assert all(row["learner_ranks"] == 2 for row in rows)
 
     # the checkpoint is one rank's state: one rank goes on from it, and says so

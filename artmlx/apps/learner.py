@@ -267,7 +267,8 @@ class LearnerService:
         counts = self.hub.counts
         return {"groups_received": counts["received"], "groups_trained": counts["trained"],
                 "groups_stale": counts["stale"], "groups_duplicate": counts["duplicate"],
-                "groups_rejected": counts["rejected"], "messages_rejected": self.hub.socket.rejections.total}
+                "groups_rejected": counts["rejected"], "groups_settled_earlier": counts["settled_earlier"],
+                "messages_rejected": self.hub.socket.rejections.total}
 
     def _after_update(self) -> None:
         step, config = self.trainer.step, self.config

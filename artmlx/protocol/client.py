@@ -64,6 +64,8 @@ class ActorClient:
         self.acks = collections.Counter()
         self.sent = 0
         self.resent = 0
+        # sent and resent to earlier learner sessions, and settled there: this session's ledger leaves them out
+        self.sent_before = self.resent_before = 0
         self.sent_at: dict[str, float] = {}  # group id -> when it was last sent
         self.leave_by: float | None = None  # shutting down: say "leaving" when all is acked, or by then
         self.leave_resend_at = 0.0  # shutting down: when what is still unacknowledged is sent again
@@ -161,6 +163,8 @@ class ActorClient:
         if isinstance(message, Welcome):
             self.welcome = message
             if self.session is not None and message.session != self.session:
+                # a new learner process: what the last one acknowledged is settled there, the rest goes again
+                self.sent_before, self.resent_before = self.sent - len(self.outbox), self.resent
                 self._resend_all()
             self.session = message.session
         elif isinstance(message, Refuse):
@@ -203,8 +207,9 @@ class ActorClient:
                                    stats={**self.stats, **self.ledger(), **extra}))
 
     def ledger(self) -> dict:
-        """This actor's side of the run's group ledger (see LearnerHub.ledger)."""
-        return {"groups_sent": self.sent, "groups_resent": self.resent, "groups_unacked": len(self.outbox)}
+        """This actor's side of the run's group ledger (see LearnerHub.ledger), since this learner session."""
+        return {"groups_sent": self.sent - self.sent_before, "groups_resent": self.resent - self.resent_before,
+                "groups_unacked": len(self.outbox)}
 
     def _resend_all(self) -> None:
         self._resend(list(self.outbox))

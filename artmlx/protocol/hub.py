@@ -172,7 +172,7 @@ class LearnerHub:
             # lost), so actors leave holding nothing.
             # (nothing is held by now: `shutdown` settled every waiting group before it set `closing`)
             if isinstance(message, TrajectoryGroup) and message.group_id in self.consumed:
-                self.counts["duplicate"] += 1
+                self.book.arrival(message.group_id, identity)  # a duplicate (settled earlier, if by another process)
                 self.socket.send(identity, Ack(message.group_id, "duplicate", "already consumed"))
             elif isinstance(message, TrajectoryGroup):  # arrived too late to be trained: settle it
                 self.counts["received"] += 1

@@ -1,18 +1,21 @@
 """Where every group the actors sent ended up: the run's ledger, as plain arithmetic over counts.
 
-sent (distinct groups; resends are counted apart) = trained + stale + rejected + in_flight, where
-in_flight is what the actors still held unacknowledged; each group settles once (later copies are
-duplicates). Actor numbers come from their last heartbeat (exact for actors that left on shutdown,
-which first reconcile lost acks; up to a heartbeat old for ones that were killed), so `unaccounted`
-is 0 in a clean run, on lossy links too, and otherwise counts groups lost with a killed process.
-Counts restart with a learner process, so after `--resume` the ledger covers this process only.
+sent (distinct groups; resends are counted apart) = trained + stale + rejected + settled_earlier +
+in_flight, where in_flight is what the actors still held unacknowledged; each group settles once (later
+copies are duplicates). Actor numbers come from their last heartbeat (exact for actors that left on
+shutdown, which first reconcile lost acks; up to a heartbeat old for ones that were killed), so
+`unaccounted` is 0 in a clean run, on lossy links too, and otherwise counts groups lost with a killed
+process. The ledger covers this learner process: an actor that stays across a learner restart (`--resume`,
+learner ranks restarted) counts from its Welcome by the new process, leaving out what the earlier one
+acknowledged; what it resends that the earlier one had settled without the actor hearing is
+`settled_earlier` (the resumed checkpoint knows the id).
 """
 
 from __future__ import annotations
 
 import collections
 
-SETTLED = ("trained", "stale", "rejected")
+SETTLED = ("trained", "stale", "rejected", "settled_earlier")
 
 
 def balance(sent: int, resent: int, in_flight: int, counts: dict) -> dict:
@@ -32,6 +35,7 @@ class GroupBook:
     def __init__(self, consumed: dict[str, int] | set[str] | None = None):
         # a legacy checkpoint's plain list of ids: version 0
         self.consumed: dict[str, int] = dict(consumed) if isinstance(consumed, dict) else dict.fromkeys(consumed or (), 0)
+        self.earlier = set(self.consumed)  # settled by an earlier learner process, not yet seen by this one
         self.waiting: dict[str, bytes] = {}
         self.counts: collections.Counter = collections.Counter()
 
@@ -40,6 +44,9 @@ class GroupBook:
         now answered to `identity`), or "new" (its first arrival)."""
         if group_id in self.consumed:
             self.counts["duplicate"] += 1
+            if group_id in self.earlier:  # its ack was lost with the earlier process: settled for this ledger now
+                self.earlier.discard(group_id)
+                self.counts["settled_earlier"] += 1
             return "consumed"
         if group_id in self.waiting:  # its Held was lost, or it was resent after a reconnect
             self.counts["duplicate"] += 1
@@ -62,4 +69,5 @@ class GroupBook:
         old = [group_id for group_id, version in self.consumed.items() if version < before_version]
         for group_id in old:
             del self.consumed[group_id]
+            self.earlier.discard(group_id)
         return len(old)

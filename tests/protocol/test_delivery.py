@@ -86,6 +86,12 @@ def test_learner_restart_resends_unacknowledged_groups_without_double_counting()
     assert sorted(g.group_id for g in second.received) == sorted(ids[2:])
     assert client.acks["duplicate"] == 1 and client.acks["trained"] == 4
     assert second.call(lambda h: h.counts["duplicate"]) == 1
+    # The second learner's ledger covers its own session: the actor's 3 groups still unacknowledged at its
+    # Welcome (2 trained here, 1 settled by the first learner whose ack was lost), none unaccounted.
+    assert wait_for(lambda: second.call(lambda h: h.ledger())["groups_sent"] == 3, client)
+    ledger = second.call(lambda h: h.ledger())
+    assert ledger["groups_unaccounted"] == 0 and ledger["groups_in_flight"] == 0, ledger
+    assert second.call(lambda h: (h.counts["trained"], h.counts["settled_earlier"])) == (2, 1)
     client.socket.close()
     second.stop()
 

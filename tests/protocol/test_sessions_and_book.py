@@ -50,6 +50,8 @@ def test_a_group_is_received_once_held_then_settled_once_and_copies_are_duplicat
     assert book.arrival("g", b"b") == "waiting" and book.waiting["g"] == b"b"  # the copy's sender holds it now
     assert book.settle("g", "trained", policy_version=7) == b"b"
     assert book.arrival("g", b"a") == "consumed" and book.settle("x", "rejected", 3) is None
-    assert dict(book.counts) == {"duplicate": 3, "received": 1, "trained": 1, "rejected": 1}
+    assert book.arrival("old", b"a") == "consumed"  # a second copy of the earlier process's group
+    # "old" was settled by an earlier learner process: its first copy here settles it for this one's ledger
+    assert dict(book.counts) == {"duplicate": 4, "received": 1, "trained": 1, "rejected": 1, "settled_earlier": 1}
     assert book.consumed == {"old": 0, "g": 7, "x": 3}
     assert book.forget_consumed(before_version=5) == 2 and book.consumed == {"g": 7}
