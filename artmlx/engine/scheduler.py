@@ -4,8 +4,9 @@ What a server needs from the engine that environment rollouts (which start a bat
 - `submit(request)` from any thread; the scheduler's own thread calls `step()` in a loop;
 - each `step()` first admits waiting requests (up to `max_rows` running): their prompts are
   prefilled together in a cache of their own and joined to the running cache (`cache.join_caches`),
-  then samples one token for every running request and feeds them all back in **one forward**, so a
-  request that arrives while others decode joins the batch at the next step;
+  then samples one token for every running request and feeds them all back in **one forward** per
+  decode step (`decode_chunk` steps before the host reads their tokens), so a request that arrives
+  while others decode joins the batch at the next step (the next chunk if no row is free);
 - a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or "length")
   and its row leaves the cache; holes left behind are compacted away once they outnumber the real slots;
 - every sampled token is recorded with its logprob under the distribution it was drawn from, by the
@@ -57,18 +58,18 @@ BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a reques
 class Scheduler:
     def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0,
                  prefix_cache_bytes: int = 0, decode_chunk: int = DECODE_CHUNK):
-        self.engine = engine
-        self.decode_chunk = decode_chunk
+        if decode_chunk < 1:
+            raise ValueError(f"decode_chunk must be at least 1 (got {decode_chunk})")
+        self.engine, self.decode_chunk = engine, decode_chunk
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.prefill_tokens = 0  # prompt tokens actually prefilled (after prefix hits and shared prompts)
-        self.prompt_tokens = 0  # prompt tokens of every admitted request
+        # prompt tokens actually prefilled (after prefix hits and shared prompts), and of every admitted request
+        self.prefill_tokens = self.prompt_tokens = 0
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
         # the cache slots they attend over, compactions, seconds spent admitting (prefill included), in
         # decode steps, and of those waiting for the device
         self.counts = collections.Counter()
-        self.max_rows = max_rows
-        self.max_prompt_tokens = max_prompt_tokens
+        self.max_rows, self.max_prompt_tokens = max_rows, max_prompt_tokens
         self.key = mx.random.key(seed)
         mx.eval(self.key)  # MLX streams are per thread: nothing lazy may cross to the scheduler's thread
         self.waiting: collections.deque[Request] = collections.deque()
@@ -160,8 +161,8 @@ class Scheduler:
         return bool(self.batches or self.waiting or self.calls)
 
     def step(self) -> list[Request]:
-        """Run pending calls, admit, then for each adapter version's batch: sample one token for every
-        request, retire the finished, one forward. Returns the requests that finished in this step."""
+        """Run pending calls, admit, then for each adapter version's batch: its decode steps (one forward each,
+        up to `decode_chunk`), retire the finished. Returns the requests that finished in this step."""
         self._run_calls()
         started = time.perf_counter()
         self._admit()
@@ -169,8 +170,6 @@ class Scheduler:
         done = []
         for batch in list(self.batches.values()):
             self._load(batch.version)
-            self.counts["rows_stepped"] += len(batch.running)
-            self.counts["slots_stepped"] += batch.cache.used * len(batch.running)
             started = time.perf_counter()
             done += self._step_batch(batch)
             self.counts["decode_s"] += time.perf_counter() - started
@@ -212,14 +211,13 @@ class Scheduler:
                     future.set_exception(error)
 
     def _step_batch(self, batch: Batch) -> list[Request]:
-        """Sample a token per row and feed it back, `decode_chunk` times (vLLM's multi-step scheduling), then
-        read the chunk's tokens on the host once. Each step's forward is queued as soon as it is built
-        (`mx.async_eval`), so the device computes while the host builds the next; the host reads the tokens
-        and does each request's bookkeeping once per chunk, not once per token. Every row is fed every
+        """Sample a token per row and feed it back, `decode_chunk` times (vLLM's multi-step scheduling), each
+        step's forward queued as soon as it is built (`mx.async_eval`); then read the chunk's tokens on the
+        host once and do each request's bookkeeping once per chunk, not per token. Every row is fed every
         sampled token, also past its end inside a chunk (those row-steps are wasted; the row leaves with
-        its cache row, and what is remembered of it is cut at its end). A request waiting for a free row
-        ends the chunk at the step it is seen (it joins at the next). A batch with a row whose options
-        need its tokens on the host between draws (penalties, seeds, top logprobs) steps one at a time."""
+        its cache row, and what is remembered of it is cut at its end). A request seen waiting while a row
+        is free ends the chunk (it joins at the next step). A batch with a row that is not `plain` (top_p,
+        logit_bias, penalties, seeds, top logprobs: some need its tokens between draws) steps singly."""
         running = batch.running
         self.peak_rows = max(self.peak_rows, len(running))
         temperatures = np.array([r.temperature for r in running], np.float32)
@@ -227,7 +225,7 @@ class Scheduler:
         remaining = [r.max_tokens - len(r.tokens) for r in running]
         steps = min(self.decode_chunk, max(remaining)) if plain else 1
         logits, chunk, timings, ones = batch.logits, [], collections.Counter(), np.ones((len(running),), np.int32)
-        room = sum(len(b.running) for b in self.batches.values()) < self.max_rows
+        room, used = sum(len(b.running) for b in self.batches.values()) < self.max_rows, batch.cache.used
         for step in range(steps):
             built = time.perf_counter()
             self.key, step_key = mx.random.split(self.key)
@@ -243,14 +241,14 @@ class Scheduler:
             if self.waiting and room:  # a newcomer could join now: end the chunk here rather than keep it waiting
                 break
         steps = len(chunk)
-        # forwards that served a row still running (a chunk's last one does not if every row ends in it)
-        self.decode_forwards += steps - (max(remaining) <= steps)
+        self.counts.update(rows_stepped=len(running) * steps,  # and the cache slots they attended over
+                           slots_stepped=len(running) * (used * steps + steps * (steps - 1) // 2))
         waited = time.perf_counter()
         tokens = np.array(mx.stack([c.tokens for c in chunk], axis=1))
         logprobs = np.array(mx.stack([c.logprobs for c in chunk], axis=1))
         self.counts.update(timings, sync_s=time.perf_counter() - waited)
         top = None if chunk[0].top_ids is None else (np.array(chunk[0].top_ids), np.array(chunk[0].top_logprobs))
-        finished, keep, past_end = [], [], {}
+        finished, keep, past_end, served = [], [], {}, 0
         for row, request in enumerate(running):
             for step in range(steps):
                 token = int(tokens[row, step])
@@ -269,7 +267,9 @@ class Scheduler:
                 if request.finish_reason:
                     past_end[row] = steps - 1 - step  # tokens fed to its cache row after its last one
                     break
+            served = max(served, step if request.finish_reason else steps)  # forwards it needed fed
             (finished if request.finish_reason else keep).append(row)
+        self.decode_forwards += served  # forwards that fed a row still running (not a finished row's last token)
         if finished and self.prefix is not None:
             self._remember_kv(batch, finished, past_end)
         for row in finished:

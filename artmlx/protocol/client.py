@@ -164,8 +164,9 @@ class ActorClient:
             self.welcome = message
             if self.session is not None and message.session != self.session:
                 # a new learner process: what the last one acknowledged is settled there, the rest goes again
-                self.sent_before, self.resent_before = self.sent - len(self.outbox), self.resent
+                self.sent_before = self.sent - len(self.outbox)
                 self._resend_all()
+                self.resent_before = self.resent  # to this process these copies are first arrivals
             self.session = message.session
         elif isinstance(message, Refuse):
             raise ActorRefused(message.reason)

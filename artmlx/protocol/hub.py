@@ -182,7 +182,10 @@ class LearnerHub:
                 self.socket.send(identity, Shutdown(reason=self.closing))
             return None
         if isinstance(message, Heartbeat):
-            info.policy_version, info.stats = message.policy_version, typed_stats(message.stats)
+            info.policy_version = message.policy_version
+            # a heartbeat sent before our Welcome reached the actor counts its ledger from an earlier session
+            if message.session == self.session:
+                info.stats = typed_stats(message.stats)
             admission = {"window": self.windows.tell(info, self.window(info))}
             if self.share is not None:
                 admission["share"] = max(1, int(self.share(self.counted_as(info))))

@@ -215,3 +215,33 @@ def test_sequences_that_end_inside_a_chunk_are_remembered_up_to_their_end(policy
     assert scheduler.prefix.hits == 3 and scheduler.prefill_tokens == prefilled + 3 * 4
     for request in second:
         assert_greedy_and_exact(model, request)
+
+
+def test_a_request_arriving_during_a_chunk_ends_it_and_joins_at_the_next_step(policy):
+    """A request seen waiting while a row is free ends the running chunk after the step that saw it: it joins
+    after one step, not after the chunk's eight. Forwards count only steps that fed a row still running."""
+    import dataclasses
+
+    model, _ = policy
+    with pytest.raises(ValueError, match="decode_chunk must be at least 1"):
+        Scheduler(Engine(model), decode_chunk=0)
+    scheduler = Scheduler(Engine(model), max_rows=4, decode_chunk=8)
+    first, late, seen = Request([5, 6, 7], 30, 0.0), Request([9, 10, 11], 4, 0.0), []
+    late.on_token = lambda request: seen or seen.append(len(first.tokens))  # first's tokens when late's first comes
+    trunk = scheduler.engine.parts.trunk
+
+    def trunk_that_submits_late(tokens, layers):
+        if tokens.shape[1] == 1 and late.adapter_version == -1 and late not in scheduler.waiting:
+            scheduler.submit(late)  # arrives while the first decode step of first's chunk is being built
+        return trunk(tokens, layers)
+
+    scheduler.engine.parts = dataclasses.replace(scheduler.engine.parts, trunk=trunk_that_submits_late)
+    scheduler.submit(first)
+    scheduler.step()
+    assert len(first.tokens) == 1 and list(scheduler.waiting) == [late]
+    while scheduler.busy:
+        scheduler.step()
+    assert seen == [1 + 8]  # first's one token, then the chunk both rows decoded together
+    assert scheduler.decode_forwards == 1 + 8 + 8 + 8 + 4  # first's 30th token fed nothing still running
+    for request in (first, late):
+        assert_greedy_and_exact(model, request)

@@ -108,10 +108,24 @@ def test_adapters_go_only_to_actors_that_loaded_the_model():
     hub.stop()
 
 
+def test_a_heartbeat_from_before_the_actors_welcome_does_not_set_its_ledger_counts():
+    """After a learner restart an actor may send one heartbeat of its old session (counting from that session)
+    before it reads the new Welcome: the ledger takes counts only from heartbeats of this session."""
+    hub = HubThread()
+    socket, welcome = raw_actor(hub)
+    socket.send(Heartbeat(sender="a", session="an-earlier-session", policy_version=7, stats={"groups_sent": 50}))
+    assert wait_for(lambda: hub.call(lambda h: h.status()["actors"][0]["policy_version"]) == 7)  # it was read
+    assert hub.call(lambda h: h.ledger())["groups_sent"] == 0
+    socket.send(Heartbeat(sender="a", session=welcome.session, policy_version=0, stats={"groups_sent": 2}))
+    assert wait_for(lambda: hub.call(lambda h: h.ledger())["groups_sent"] == 2)
+    socket.close()
+    hub.stop()
+
+
 def test_names_and_stats_from_actors_are_typed_before_anyone_shows_them():
     hub = HubThread()
-    socket, _ = raw_actor(hub, name="[/x][bold]evil\x1b[0m")
-    socket.send(Heartbeat(sender="x", session="", policy_version=0,
+    socket, welcome = raw_actor(hub, name="[/x][bold]evil\x1b[0m")
+    socket.send(Heartbeat(sender="x", session=welcome.session, policy_version=0,
                           stats={"gen_tokens_per_s": "fast", "groups_sent": "many", "device": "[/]\n"}))
     assert wait_for(lambda: hub.call(lambda h: bool(h.status()["actors"][0]["stats"].get("device"))))
     state = hub.call(lambda h: h.status())

@@ -235,15 +235,22 @@ def test_a_server_decoding_in_chunks_answers_as_single_steps_do(tmp_path):
             servers.append((server, http))
             assert ready.wait(30) and http.started
             api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
-            out = []
-            for i, max_tokens in enumerate((3, 11, 20)):
+            def conversation(i, max_tokens, out):  # two turns; the conversations run side by side
                 messages = [{"role": "user", "content": f"move {i}"}]
                 first = api.chat.completions.create(model=folder, messages=messages, max_tokens=max_tokens,
                                                     temperature=0.0)
                 messages += [{"role": "assistant", "content": first.choices[0].message.content},
                              {"role": "user", "content": "and now?"}]
                 second = api.chat.completions.create(model=folder, messages=messages, max_tokens=9, temperature=0.0)
-                out += [first.choices[0].model_extra["token_ids"], second.choices[0].model_extra["token_ids"]]
+                out[i] = [first.choices[0].model_extra["token_ids"], second.choices[0].model_extra["token_ids"]]
+
+            turns = {}
+            threads = [threading.Thread(target=conversation, args=(i, n, turns)) for i, n in enumerate((3, 11, 20))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            out = [ids for i in range(3) for ids in turns[i]]
             stream = api.chat.completions.create(model=folder, messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=13, temperature=0.0, stream=True, logprobs=True)
             out.append([e.model_extra["token_id"] for c in stream if c.choices and c.choices[0].logprobs
@@ -251,7 +258,10 @@ def test_a_server_decoding_in_chunks_answers_as_single_steps_do(tmp_path):
             answers.append(out)
         single, chunks = answers
         assert single == chunks and [len(ids) for ids in single[:6:2]] == [3, 11, 20] and len(single[-1]) == 13
-        assert servers[1][0].scheduler.prefix.hits >= 3  # the second turns extended the remembered (cut) first ones
+        chunked = servers[1][0].scheduler
+        assert chunked.peak_rows >= 2 and chunked.prefix.hits >= 3  # rows shared chunks; second turns hit
+        # rows that ended inside a chunk (fed past their end) are remembered cut at their end
+        assert all(kv[0].shape[1] == len(entry.tokens) for entry in chunked.prefix.entries.values() for kv in entry.kv)
     finally:
         for server, http in servers:
             http.should_exit = True
