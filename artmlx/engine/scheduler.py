@@ -244,8 +244,8 @@ class Scheduler:
         self.counts.update(rows_stepped=len(running) * steps,  # and the cache slots they attended over
                            slots_stepped=len(running) * (used * steps + steps * (steps - 1) // 2))
         waited = time.perf_counter()
-        tokens = np.array(mx.stack([c.tokens for c in chunk], axis=1))
-        logprobs = np.array(mx.stack([c.logprobs for c in chunk], axis=1))
+        tokens, logprobs = (np.array(mx.stack(parts, axis=1)) if steps > 1 else np.array(parts[0])[:, None]
+                            for parts in ([c.tokens for c in chunk], [c.logprobs for c in chunk]))  # no op for one
         self.counts.update(timings, sync_s=time.perf_counter() - waited)
         top = None if chunk[0].top_ids is None else (np.array(chunk[0].top_ids), np.array(chunk[0].top_logprobs))
         finished, keep, past_end, served = [], [], {}, 0
