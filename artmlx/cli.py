@@ -319,8 +319,9 @@ def status(address, keys, actor_key, as_json, timeout_s):
               help="Largest max_tokens a request may ask for (and the default).")
 @click.option("--prefix-cache-mb", type=click.IntRange(min=0), default=1024, show_default=True,
               help="KV of finished sequences kept for requests that extend them (0: no prefix cache).")
-@click.option("--decode-chunk", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Decode steps queued between two host reads of the sampled tokens (vLLM's multi-step).")
+@click.option("--decode-chunk", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Decode steps queued between two host reads of the sampled tokens (vLLM's multi-step); "
+                   "0: 8, or 1 for a model with recurrent layers.")
 def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens, prefix_cache_mb, decode_chunk):
     """OpenAI-compatible server (chat and completions, exact token ids and logprobs, continuous batching)."""
     from .serve import run_server

@@ -65,6 +65,8 @@ class TrainConfig:
     """Most policy replies per episode; longer episodes end as truncated."""
     max_episode_tokens: int = 1024
     """Episodes whose transcript reaches this many tokens end as truncated."""
+    decode_chunk: int = 0
+    """Agent rollouts: decode steps the actor's in-process server queues between two host reads of the sampled tokens (`artmlx serve --decode-chunk`; vLLM's multi-step scheduling); 0: 8, or 1 for a model with recurrent layers."""
 
     learning_rate: float = 1e-4
     """AdamW learning rate."""
@@ -171,7 +173,7 @@ CHOICES = {
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 

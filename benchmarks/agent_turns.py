@@ -14,7 +14,8 @@ under one GIL). `--decode-chunks 1,8` repeats `cached` at each number of decode 
 queues between two host reads (`Scheduler.decode_chunk`), alternated.
 
 Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
-`--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state.
+`--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state (with `--decode-chunks`,
+one `--rollout` run per value, `--set decode_chunk=N`).
 
     python benchmarks/agent_turns.py [--model PATH] [--groups 16 --group-size 8] [--pipeline] --json OUT.json
 
@@ -102,7 +103,7 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
     return results
 
 
-def pipeline(model: str, steps: int, out: Path) -> dict:
+def pipeline(model: str, steps: int, out: Path, decode_chunks: list[int]) -> dict:
     from artmlx.bench.pipeline import _launch, _env_setting, summarize
 
     workload = {"prompt_tokens": int(os.environ.get("SYNTHETIC_PROMPT_TOKENS", "256")),
@@ -113,7 +114,10 @@ def pipeline(model: str, steps: int, out: Path) -> dict:
               "--set", "eval_every=0", "--set", f"checkpoint_every={steps}", "--set", f"max_reply_tokens={reply}",
               "--set", _env_setting(workload), "--set", "actor_groups_per_batch=16"]
     results = {}
-    for name, extra in (("env", []), ("rollout", ["--rollout", str(ROOT / "examples/synthetic_agent.py") + ":rollout"])):
+    agent = ["--rollout", str(ROOT / "examples/synthetic_agent.py") + ":rollout"]
+    runs = [("env", [])] + ([("rollout", agent)] if not decode_chunks else
+                            [(f"rollout,chunk={chunk}", [*agent, "--set", f"decode_chunk={chunk}"]) for chunk in decode_chunks])
+    for name, extra in runs:
         run_dir = out / name
         wall = _launch([*common, "--out", str(run_dir), *extra], out / f"{name}.log")
         results[name] = {"wall_s": wall, **summarize(run_dir, warmup=1)}
@@ -123,8 +127,10 @@ def pipeline(model: str, steps: int, out: Path) -> dict:
                                                              "trajectories_refused", "groups_dropped",
                                                              "prompt_tokens", "prefill_tokens")}
         print(f"{name}: {results[name]['seconds_per_update']:.2f} s/update, {results[name]['final']}", flush=True)
-    results["rollout_over_env"] = results["rollout"]["seconds_per_update"] / results["env"]["seconds_per_update"]
-    print(f"--rollout / --env time per update: {results['rollout_over_env']:.2f}x", flush=True)
+    for name, _ in runs[1:]:
+        ratio = results[name]["seconds_per_update"] / results["env"]["seconds_per_update"]
+        results[name.replace("rollout", "rollout_over_env")] = ratio
+        print(f"--rollout ({name}) / --env time per update: {ratio:.2f}x", flush=True)
     return results
 
 
@@ -137,7 +143,8 @@ def main() -> None:
     parser.add_argument("--pipeline", action="store_true")
     parser.add_argument("--pipeline-only", action="store_true", help="Part 2 alone.")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--decode-chunks", default="", help="comma-separated Scheduler.decode_chunk values for `cached`")
+    parser.add_argument("--decode-chunks", default="",
+                        help="comma-separated Scheduler.decode_chunk values for `cached` and for the pipeline's --rollout runs")
     parser.add_argument("--cached-only", action="store_true", help="Part 1 without the text and exact modes")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
@@ -149,7 +156,8 @@ def main() -> None:
                                                               [int(x) for x in args.decode_chunks.split(",") if x],
                                                               args.cached_only)}
     if args.pipeline or args.pipeline_only:
-        report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")))
+        report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")),
+                                      [int(x) for x in args.decode_chunks.split(",") if x])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -112,7 +112,7 @@ def without_lora(model) -> None:
 
 
 def scheduler_runs(model_name: str, prompt: list[int], tokens: int, repeats: int, lora: bool, dense_mask: bool,
-                   rows: int) -> dict:
+                   rows: int, decode_chunk: int = 1) -> dict:
     from artmlx.config import TrainConfig
     from artmlx.model.backend import prefer_mlx_attention
     from artmlx.model.policy import LoraSpec, load_policy
@@ -129,7 +129,8 @@ def scheduler_runs(model_name: str, prompt: list[int], tokens: int, repeats: int
         without_lora(model)
     model.eval()
     mx.eval(model.parameters())
-    scheduler = Scheduler(Engine(model), max_rows=max(rows, 1), max_prompt_tokens=16384, prefix_cache_bytes=1 << 30)
+    scheduler = Scheduler(Engine(model), max_rows=max(rows, 1), max_prompt_tokens=16384, prefix_cache_bytes=1 << 30,
+                          decode_chunk=decode_chunk)
     out = {}
     extra = np.random.default_rng(1)
     for run in range(repeats):
@@ -181,6 +182,7 @@ def main() -> None:
     parser.add_argument("--no-lora", action="store_true", help="Serve the base layers alone (mlx_lm.server's graph).")
     parser.add_argument("--array-masks", action="store_true", help="Always pass attention an array mask.")
     parser.add_argument("--rows", type=int, default=32, help="Also time decode steps of this many rows together.")
+    parser.add_argument("--decode-chunk", type=int, default=1, help="Scheduler.decode_chunk (decode steps per host read)")
     parser.add_argument("--json")
     args = parser.parse_args()
     global TOKEN_HIGH  # token ids the model's vocabulary holds (the embedded model's has a few dozen)
@@ -193,7 +195,7 @@ def main() -> None:
               "env": {k: v for k, v in os.environ.items() if k.startswith(("ARTMLX_", "MLX_"))}}
     if args.only != "mlx_lm":
         report["scheduler"] = scheduler_runs(args.model, prompt, args.tokens, args.repeats, not args.no_lora,
-                                             not args.array_masks, args.rows)
+                                             not args.array_masks, args.rows, args.decode_chunk)
     if args.only != "scheduler":
         report["mlx_lm"] = mlx_lm_runs(args.model, prompt, args.tokens, args.repeats)
     print(json.dumps(report, indent=1), flush=True)

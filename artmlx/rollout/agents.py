@@ -255,7 +255,7 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
     scenarios = load_scenarios(config.scenarios) if scenarios is None else scenarios
     server = ModelServer(ServeConfig(model=config.model, name=MODEL_NAME, max_rows=rows,
                                      max_prompt_tokens=config.max_episode_tokens,
-                                     max_tokens=config.max_episode_tokens, seed=seed),
+                                     max_tokens=config.max_episode_tokens, seed=seed, decode_chunk=config.decode_chunk),
                          LoraSpec.from_config(config))
     return AgentRollouts(server, rollout, scenarios, config.temperature, tick=tick, failure_limit=failure_limit,
                          spec=config.rollout, min_group_size=config.min_group_size)

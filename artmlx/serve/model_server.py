@@ -50,8 +50,9 @@ class ServeConfig:
     """Sampling seed of the scheduler."""
     prefix_cache_mb: int = 1024
     """KV of finished sequences kept for requests that extend them (an agent's next turn); 0: none."""
-    decode_chunk: int = 1
-    """Decode steps the scheduler queues between two host reads of the sampled tokens (`Scheduler.decode_chunk`)."""
+    decode_chunk: int = 0
+    """Decode steps the scheduler queues between two host reads of the sampled tokens (`Scheduler.decode_chunk`);
+    0: 8, or 1 for a model with recurrent layers."""
     chat_template_kwargs: dict = field(default_factory=dict)
     """Variables every prompt's chat template gets (a request's own chat_template_kwargs override them)."""
 

@@ -224,7 +224,8 @@ def test_a_request_arriving_during_a_chunk_ends_it_and_joins_at_the_next_step(po
 
     model, _ = policy
     with pytest.raises(ValueError, match="decode_chunk must be at least 1"):
-        Scheduler(Engine(model), decode_chunk=0)
+        Scheduler(Engine(model), decode_chunk=-1)
+    assert Scheduler(Engine(model)).decode_chunk == 8  # the default for a model without recurrent layers
     scheduler = Scheduler(Engine(model), max_rows=4, decode_chunk=8)
     first, late, seen = Request([5, 6, 7], 30, 0.0), Request([9, 10, 11], 4, 0.0), []
     late.on_token = lambda request: seen or seen.append(len(first.tokens))  # first's tokens when late's first comes
