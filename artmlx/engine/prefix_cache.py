@@ -30,18 +30,29 @@ prefix of the prompt answers, however many entries share its first blocks (a gro
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 
 class Prefix(list):
     """A hit: per-layer arrays as `cache_rows.rows_kv` gives them, and `window_from`, the first position whose keys
-    the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept)."""
+    the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept); if
+    they are views of a group's buffers, `shared` and the entry's `row` in them."""
 
-    def __init__(self, layers, window_from: int = 0):
+    def __init__(self, layers, window_from: int = 0, shared: Shared | None = None, row: int = 0):
         super().__init__(layers)
-        self.window_from = window_from
+        self.window_from, self.shared, self.row = window_from, shared, row
+
+
+@dataclass
+class Shared:
+    """Buffers that several entries' arrays are views of (sequences kept together, one gather per layer for all
+    of them: `layers`, each row padded to the longest): freed when the last of those entries goes, so the cache
+    counts them once while any of them lives."""
+    nbytes: int
+    layers: list = field(default_factory=list)
+    live: int = 0
 
 
 @dataclass
@@ -49,8 +60,10 @@ class Entry:
     version: int
     tokens: list[int]
     kv: list[tuple[mx.array, ...]]  # per layer: (heads, n, head_dim) keys and values, or a recurrent state
-    nbytes: int
+    nbytes: int  # its own arrays' bytes (0 when they are views of `shared`)
     window_from: int = 0  # positions below it have zeros in the sliding-window layers (they had been dropped)
+    shared: Shared | None = None
+    row: int = 0  # its row in `shared`'s buffers
 
 
 class PrefixCache:
@@ -74,15 +87,20 @@ class PrefixCache:
             out.append(previous)
         return out
 
-    def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]], window_from: int = 0) -> None:
+    def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]], window_from: int = 0,
+               shared: Shared | None = None, row: int = 0) -> None:
         """Keep `kv` (per layer, for exactly `tokens`) for version `version`; too large for the cache: dropped.
-        `window_from`: the first position whose keys the sliding-window layers still held."""
-        nbytes = sum(a.nbytes for layer in kv for a in layer)
-        if len(tokens) < self.block or nbytes > self.max_bytes:
+        `window_from`: the first position whose keys the sliding-window layers still held; `shared`: the buffers
+        `kv` views, with other entries (counted once), `row` its row in them."""
+        nbytes = 0 if shared is not None else sum(a.nbytes for layer in kv for a in layer)
+        if len(tokens) < self.block or max(nbytes, shared.nbytes if shared else 0) > self.max_bytes:
             return
         ident, self._next = self._next, self._next + 1
-        self.entries[ident] = Entry(version, list(tokens), kv, nbytes, window_from)
+        self.entries[ident] = Entry(version, list(tokens), kv, nbytes, window_from, shared, row)
         self.nbytes += nbytes
+        if shared is not None:
+            self.nbytes += 0 if shared.live else shared.nbytes
+            shared.live += 1
         if self.whole_entries:
             self.ends.setdefault((version, len(tokens)), {})[hash(tuple(tokens))] = ident
         for chain in [] if self.whole_entries else self._chain(tokens):
@@ -115,7 +133,7 @@ class PrefixCache:
             return 0, None
         self.hits += 1
         self.hit_tokens += n
-        return n, Prefix([(k[:, :n], v[:, :n]) for k, v in entry.kv], entry.window_from)
+        return n, Prefix([(k[:, :n], v[:, :n]) for k, v in entry.kv], entry.window_from, entry.shared, entry.row)
 
     def _window_held(self, entry: Entry, n: int) -> bool:
         """Whether a row resumed at position n finds real keys at every position its window layers see
@@ -131,7 +149,8 @@ class PrefixCache:
                 self.entries.move_to_end(ident)
                 self.hits += 1
                 self.hit_tokens += n
-                return n, Prefix(self.entries[ident].kv, self.entries[ident].window_from)
+                entry = self.entries[ident]
+                return n, Prefix(entry.kv, entry.window_from, entry.shared, entry.row)
         return 0, None
 
     def drop_version(self, version: int) -> None:
@@ -141,6 +160,9 @@ class PrefixCache:
     def _evict(self, ident: int) -> None:
         entry = self.entries.pop(ident)
         self.nbytes -= entry.nbytes
+        if entry.shared is not None:
+            entry.shared.live -= 1
+            self.nbytes -= 0 if entry.shared.live else entry.shared.nbytes
         ends = self.ends.get((entry.version, len(entry.tokens)), {})
         if ends.get(hash(tuple(entry.tokens))) == ident:
             del ends[hash(tuple(entry.tokens))]

@@ -290,9 +290,9 @@ class Scheduler:
         return done
 
     def _remember_kv(self, batch: Batch, rows: list[int], past_end: dict[int, int]) -> None:
-        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back) as copies
-        (the batch cache's buffers are not kept alive by them), queued and not waited for: they read this
-        step's forward, and waiting here would leave the device idle while the host builds the next step.
+        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back), copied out
+        together (`rows_kv`: one gather per layer, a quarter of the prefix cache at most), queued and not waited for:
+        they read this step's forward, and waiting would leave the device idle while the host builds the next step.
         A row fed `past_end[row]` tokens past its end inside a chunk is cut at its end (no KV of other tokens);
         a recurrent state cannot be cut, so such a row of a model with recurrent layers is not kept."""
         started = time.perf_counter()
@@ -300,11 +300,11 @@ class Scheduler:
                 and not (batch.cache.recurrent and past_end[row])]
         if rows:
             kvs = rows_kv(batch.cache, rows, [len(batch.running[row].prompt) + len(batch.running[row].tokens)
-                                              for row in rows])
-            mx.async_eval(kvs)
-            for row, kv, held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
+                                              for row in rows], group_bytes=self.prefix.max_bytes // 4)
+            mx.async_eval([kv for kv, _, _ in kvs])
+            for row, (kv, shared, index), held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
                 request = batch.running[row]
-                self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from)
+                self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from, shared, index)
         self.counts["remember_s"] += time.perf_counter() - started
 
     def _admit(self) -> None:

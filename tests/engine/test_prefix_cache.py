@@ -120,3 +120,76 @@ def test_a_recurrent_models_entries_are_reused_whole_or_not_at_all():
     assert n == 8 and float(got[1][0][0]) == 8 and got[0][0].shape[1] == 8
     assert cache.lookup(0, list(range(6)) + [50, 51, 52])[0] == 0  # no entry is a whole prefix of it
     assert cache.lookup(0, list(range(8)))[0] == 0  # the whole prompt cached: one token must be prefilled
+
+
+def test_sequences_kept_together_are_one_gather_per_layer_counted_once(policy):
+    """`rows_kv` gathers the rows that end together into one buffer per layer (views per row, exactly each
+    row's real slots in position order, cut at its end), `group_bytes` splits them; the prefix cache counts a
+    group's buffers once, until its last entry is evicted."""
+    from artmlx.engine.cache_rows import rows_kv
+
+    model, _ = policy
+    engine = Engine(model)
+    cache = engine.new_cache(3)
+    rng = np.random.default_rng(5)
+    engine.prefill(cache, [prompt(rng, n) for n in (7, 20, 12)])
+    cache.state.valid = mx.concatenate([cache.state.valid[:, :4], mx.zeros((3, 2), mx.bool_),  # holes in every row
+                                        cache.state.valid[:, 4:]], axis=1)
+    for layer in cache.layers:
+        pad = mx.zeros((3, layer.keys.shape[1], 2, layer.keys.shape[3]), layer.keys.dtype)
+        layer.keys = mx.concatenate([layer.keys[:, :, :4], pad, layer.keys[:, :, 4:]], axis=2)
+        layer.values = mx.concatenate([layer.values[:, :, :4], pad, layer.values[:, :, 4:]], axis=2)
+    cache.state.used += 2
+    cache.state.dense = False
+    rows, ends = [2, 0, 1], [12, 7, 15]
+    together = rows_kv(cache, rows, ends)
+    assert len({id(shared) for _, shared, _ in together}) == 1
+    valid = np.array(cache.state.valid)
+    for (kv, _, _), row, end in zip(together, rows, ends):
+        slots = np.flatnonzero(valid[row])[:end]
+        for layer, (k, v) in zip(cache.layers, kv):
+            assert k.shape[1] == end
+            assert np.array_equal(np.array(k), np.array(layer.keys[row])[:, slots])
+            assert np.array_equal(np.array(v), np.array(layer.values[row])[:, slots])
+    one_row = together[0][1].nbytes // 3  # every row is padded to the longest, 15 positions
+    split = rows_kv(cache, rows, ends, group_bytes=2 * one_row)
+    assert [id(shared) for _, shared, _ in split][:2] == [id(split[0][1])] * 2 and split[2][1] is not split[0][1]
+    for (kv, _, _), (again, _, _) in zip(together, split):
+        assert all(np.array_equal(np.array(a), np.array(b)) for x, y in zip(kv, again) for a, b in zip(x, y))
+
+    prefix = PrefixCache(together[0][1].nbytes, block=4)
+    for i, (kv, shared, row) in enumerate(together):
+        prefix.insert(0, list(range(100 * i, 100 * i + ends[i])), kv, shared=shared, row=row)
+    assert len(prefix.entries) == 3 and prefix.nbytes == together[0][1].nbytes
+    prefix.insert(0, list(range(500, 507)), [(k[:, :7], v[:, :7]) for k, v in together[1][0]])  # its own arrays
+    # over budget: the least recently used go until the group's last one is gone and its buffers are freed
+    assert list(prefix.entries) == [3] and prefix.nbytes == sum(a.nbytes for kv in together[1][0] for a in kv)
+    assert together[0][1].live == 0
+
+
+def test_a_cache_built_from_a_groups_buffers_equals_one_built_row_by_row(policy):
+    """Prefixes that view one group's buffers (in another order, one cut short, beside a row of its own and
+    a row without a prefix) give the cache the same real slots as copies of each prefix would."""
+    from artmlx.engine.cache_rows import cache_with_prefixes, rows_kv
+    from artmlx.engine.prefix_cache import Prefix
+
+    model, _ = policy
+    engine = Engine(model)
+    source = engine.new_cache(3)
+    rng = np.random.default_rng(6)
+    engine.prefill(source, [prompt(rng, n) for n in (9, 17, 13)])
+    kept = rows_kv(source, [0, 1, 2], [9, 17, 13])
+    cuts = [(kept[2], 13), (kept[0], 5), (None, 0), (kept[1], 17)]
+    views = [None if item is None else Prefix([(k[:, :n], v[:, :n]) for k, v in item[0]], 0, item[1], item[2])
+             for item, n in cuts]
+    copies = [None if p is None else [tuple(mx.array(np.array(a)) for a in layer) for layer in p] for p in views]
+    own = Prefix([tuple(mx.array(np.array(a)) for a in layer) for layer in kept[1][0]])  # a row of its own
+    views.append(own)
+    copies.append(list(own))
+    built, expected = cache_with_prefixes(engine.new_cache(1), views), cache_with_prefixes(engine.new_cache(1), copies)
+    valid = np.array(expected.state.valid)
+    assert np.array_equal(np.array(built.state.valid), valid) and built.state.used == expected.state.used == 17
+    for got, want in zip(built.layers, expected.layers):
+        for a, b in ((got.keys, want.keys), (got.values, want.values)):
+            a, b = np.array(a), np.array(b)
+            assert a.shape == b.shape and all(np.array_equal(a[r][:, valid[r]], b[r][:, valid[r]]) for r in range(5))
