@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from artmlx.bench.report import write  # noqa: E402
 from artmlx.engine.cache_rows import cache_with_prefixes, rows_kv  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402
 from artmlx.engine.prefix_cache import Prefix  # noqa: E402
@@ -103,9 +104,7 @@ def main() -> None:
         report[name] = measure(engine, cache, rows, lengths, together, args.repeats)
         print(name, report[name], flush=True)
     print(json.dumps(report, indent=1))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    write(report, args.json)
 
 
 if __name__ == "__main__":
