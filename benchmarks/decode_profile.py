@@ -9,7 +9,8 @@ step); and mlx-lm's own `generate_step` on the same prompt with its `KVCache` (w
 runs per sequence), and the same `--rows` prompts through the rollout engine's decode loop
 (`Engine.decode`, which synchronises with the host only at steps 2, 4, 8, ...). The scheduler's counts say where its time went (`sync_s`: waiting for the
 device; the rest of `decode_s` is the host building the step). `--no-lora` and `--array-masks` are
-the A/B switches that name the gap: LoRA's extra kernels, and attention given an array mask.
+the A/B switches that name the gap: LoRA's extra kernels, and attention given an array mask;
+`--decode-chunk N` sets the scheduler's decode steps between host reads (default: 1, single steps).
 """
 
 from __future__ import annotations

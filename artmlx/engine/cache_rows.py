@@ -18,21 +18,29 @@ def rows_kv(cache: RaggedCache, rows: list[int], ends: list[int] | None = None,
     at the positions it dropped (`windows_from` says how many). One host read of the validity mask for all the
     rows (a device sync each would stall the decode loop).
 
-    Rows are gathered together, one gather per layer and array for as many consecutive rows as `group_bytes`
-    holds (0: all; at least one): each row's arrays are views of its group's buffers (padded to the group's
-    longest row), and the `Shared` that comes with it (with the row's index in them) holds those buffers and
-    counts them once for the whole group. (A gather
-    per row and layer cost the H200's host ~3 ms per kept sequence, 48 launches each at the 0.5B shape.)"""
+    Rows are gathered together, one gather per layer and array for each group of rows of similar lengths (in
+    order of length, a group ends where its padding would exceed its real slots or its buffers `group_bytes`;
+    0: no bound): each row's arrays are views of its group's buffers (padded to the group's longest row), and the
+    `Shared` that comes with it (with the row's index in them) holds those buffers and counts them once for the
+    whole group. (A gather per row and layer cost the H200's host ~3 ms per kept sequence, 48 launches each at
+    the 0.5B shape.)"""
     valid = np.array(cache.state.valid[mx.array(rows), :cache.used])
     reals = [np.flatnonzero(row_valid).astype(np.int32)[: None if ends is None else ends[i]]
              for i, row_valid in enumerate(valid)]
-    out, start = [], 0
-    while start < len(rows):
-        stop = start + 1
-        while stop < len(rows) and (not group_bytes or (stop + 1 - start) * _row_bytes(
-                cache, max(len(r) for r in reals[start:stop + 1])) <= group_bytes):
-            stop += 1
-        out += _gather_rows(cache, rows[start:stop], reals[start:stop])
+    by_length = sorted(range(len(rows)), key=lambda i: len(reals[i]))
+    out: list = [None] * len(rows)
+    start = 0
+    while start < len(by_length):
+        stop, real = start + 1, len(reals[by_length[start]])
+        while stop < len(by_length):
+            longest, real_after = len(reals[by_length[stop]]), real + len(reals[by_length[stop]])
+            count = stop + 1 - start
+            if count * longest > 2 * real_after or (group_bytes and count * _row_bytes(cache, longest) > group_bytes):
+                break
+            stop, real = stop + 1, real_after
+        group = by_length[start:stop]
+        for i, kept in zip(group, _gather_rows(cache, [rows[i] for i in group], [reals[i] for i in group])):
+            out[i] = kept
         start = stop
     return out
 

@@ -6,14 +6,16 @@ turn prefills the whole conversation again; with it, a turn prefills only what i
 
 As vLLM's automatic prefix caching and SGLang's radix cache, entries are found by token ids:
 - an entry is one finished sequence (its prompt and the sampled tokens fed back, i.e. all but the
-  last) with its keys and values for every layer, sliced from the batch cache when the request ends;
+  last) with its keys and values for every layer, copied from the batch cache when the request ends
+  (the sequences that end together are copied in one gather per layer, and their entries then view
+  those buffers: a group, counted once, aged and evicted as one);
 - entries are indexed by a chain hash of every whole block of `block` tokens (hash of the previous
   block's hash and this block's ids), so finding the longest cached prefix of a prompt walks its
   blocks once; the match then extends token by token past the last whole block;
 - KV depends on the adapter, so each entry belongs to one adapter version and only a request of that
   version may use it (`drop_version` forgets a version's entries when the scheduler forgets it);
 - at least one token of a prompt is always prefilled (its logits are what is sampled next);
-- bounded by bytes: least recently used entries go first.
+- bounded by bytes: least recently used entries (with their groups) go first.
 
 Keys were written with RoPE at positions 0..n-1, and a row resumed from an entry continues at
 position n, so a hit computes what a full prefill computes (up to the float rounding of a different
@@ -49,10 +51,11 @@ class Prefix(list):
 class Shared:
     """Buffers that several entries' arrays are views of (sequences kept together, one gather per layer for all
     of them: `layers`, each row padded to the longest): freed when the last of those entries goes, so the cache
-    counts them once while any of them lives."""
+    counts them once while any of them lives, and the group is what ages and is evicted (a hit on one of its
+    entries keeps them all; evicting one alone would free nothing)."""
     nbytes: int
     layers: list = field(default_factory=list)
-    live: int = 0
+    members: set = field(default_factory=set)  # ids of the cache's entries that view these buffers
 
 
 @dataclass
@@ -99,14 +102,16 @@ class PrefixCache:
         self.entries[ident] = Entry(version, list(tokens), kv, nbytes, window_from, shared, row)
         self.nbytes += nbytes
         if shared is not None:
-            self.nbytes += 0 if shared.live else shared.nbytes
-            shared.live += 1
+            self.nbytes += 0 if shared.members else shared.nbytes
+            shared.members.add(ident)
         if self.whole_entries:
             self.ends.setdefault((version, len(tokens)), {})[hash(tuple(tokens))] = ident
         for chain in [] if self.whole_entries else self._chain(tokens):
             self.index[(version, chain)] = ident  # the newest sequence with this prefix answers for it
-        while self.nbytes > self.max_bytes:
-            self._evict(next(iter(self.entries)))
+        while self.nbytes > self.max_bytes:  # the least recently used entry, with the rest of its group
+            oldest = self.entries[next(iter(self.entries))]
+            for ident in list(oldest.shared.members) if oldest.shared is not None else [next(iter(self.entries))]:
+                self._evict(ident)
 
     def lookup(self, version: int, prompt: list[int]) -> tuple[int, list[tuple[mx.array, mx.array]] | None]:
         """(n, per-layer KV of the first n prompt tokens) for the longest cached prefix, n < len(prompt);
@@ -124,7 +129,7 @@ class PrefixCache:
         if found is None:
             return 0, None
         entry = self.entries[found]
-        self.entries.move_to_end(found)
+        self._touch(found)
         limit = min(len(entry.tokens), len(prompt) - 1)
         n = 0
         while n < limit and entry.tokens[n] == prompt[n]:  # hashes chose it; the ids decide
@@ -146,12 +151,18 @@ class PrefixCache:
             ident = self.ends[(version, n)].get(hash(tuple(prompt[:n])))
             if (ident is not None and self.entries[ident].tokens == prompt[:n]  # the hash chose it; the ids decide
                     and self._window_held(self.entries[ident], n)):
-                self.entries.move_to_end(ident)
+                self._touch(ident)
                 self.hits += 1
                 self.hit_tokens += n
                 entry = self.entries[ident]
                 return n, Prefix(entry.kv, entry.window_from, entry.shared, entry.row)
         return 0, None
+
+    def _touch(self, ident: int) -> None:
+        """`ident` and the rest of its group become the most recently used."""
+        shared = self.entries[ident].shared
+        for member in sorted(shared.members) if shared is not None else [ident]:
+            self.entries.move_to_end(member)
 
     def drop_version(self, version: int) -> None:
         for ident in [i for i, e in self.entries.items() if e.version == version]:
@@ -161,8 +172,8 @@ class PrefixCache:
         entry = self.entries.pop(ident)
         self.nbytes -= entry.nbytes
         if entry.shared is not None:
-            entry.shared.live -= 1
-            self.nbytes -= 0 if entry.shared.live else entry.shared.nbytes
+            entry.shared.members.discard(ident)
+            self.nbytes -= 0 if entry.shared.members else entry.shared.nbytes
         ends = self.ends.get((entry.version, len(entry.tokens)), {})
         if ends.get(hash(tuple(entry.tokens))) == ident:
             del ends[hash(tuple(entry.tokens))]

@@ -156,6 +156,8 @@ def test_sequences_kept_together_are_one_gather_per_layer_counted_once(policy):
     assert [id(shared) for _, shared, _ in split][:2] == [id(split[0][1])] * 2 and split[2][1] is not split[0][1]
     for (kv, _, _), (again, _, _) in zip(together, split):
         assert all(np.array_equal(np.array(a), np.array(b)) for x, y in zip(kv, again) for a, b in zip(x, y))
+    short = rows_kv(cache, rows, [2, 1, 15])  # padding to 15 would be more than the real slots: a group apart
+    assert short[0][1] is short[1][1] is not short[2][1] and short[0][1].nbytes == 2 * one_row * 2 // 15
 
     prefix = PrefixCache(together[0][1].nbytes, block=4)
     for i, (kv, shared, row) in enumerate(together):
@@ -164,7 +166,7 @@ def test_sequences_kept_together_are_one_gather_per_layer_counted_once(policy):
     prefix.insert(0, list(range(500, 507)), [(k[:, :7], v[:, :7]) for k, v in together[1][0]])  # its own arrays
     # over budget: the least recently used go until the group's last one is gone and its buffers are freed
     assert list(prefix.entries) == [3] and prefix.nbytes == sum(a.nbytes for kv in together[1][0] for a in kv)
-    assert together[0][1].live == 0
+    assert not together[0][1].members
 
 
 def test_a_cache_built_from_a_groups_buffers_equals_one_built_row_by_row(policy):
@@ -193,3 +195,21 @@ def test_a_cache_built_from_a_groups_buffers_equals_one_built_row_by_row(policy)
         for a, b in ((got.keys, want.keys), (got.values, want.values)):
             a, b = np.array(a), np.array(b)
             assert a.shape == b.shape and all(np.array_equal(a[r][:, valid[r]], b[r][:, valid[r]]) for r in range(5))
+
+
+def test_a_group_ages_and_goes_as_one():
+    """Entries that view one group's buffers: a hit on one keeps the whole group; past the budget the least
+    recently used group goes whole (evicting one entry of a group would free nothing)."""
+    from artmlx.engine.prefix_cache import Shared
+
+    cache = PrefixCache(2 * 800, block=4)
+    groups = [Shared(800) for _ in range(3)]
+    view = [(mx.zeros((1, 8, 1)), mx.zeros((1, 8, 1)))]
+    for g, shared in enumerate(groups[:2]):
+        for row in range(4):
+            cache.insert(0, [g * 100 + row * 10 + t for t in range(8)], view, shared=shared, row=row)
+    assert len(cache.entries) == 8 and cache.nbytes == 1600
+    assert cache.lookup(0, [0 + t for t in range(8)] + [99])[0] == 8  # group 0's first entry: group 0 is newest
+    cache.insert(0, [500 + t for t in range(8)], view, shared=groups[2], row=0)
+    assert cache.nbytes == 1600 and not groups[1].members and len(groups[0].members) == 4
+    assert sorted(e.shared is groups[0] for e in cache.entries.values()) == [False] + [True] * 4
