@@ -19,6 +19,7 @@ class Request:
     temperature: float = 1.0
     stop_tokens: frozenset = frozenset()
     on_token: Callable[["Request"], None] | None = None
+    stream: bool = False  # a client reads tokens as they come: its first one is read after one step, not a chunk
     options: Options = field(default_factory=Options)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

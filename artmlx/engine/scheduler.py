@@ -211,19 +211,19 @@ class Scheduler:
                     future.set_exception(error)
 
     def _step_batch(self, batch: Batch) -> list[Request]:
-        """Sample a token per row and feed it back, `decode_chunk` times (vLLM's multi-step scheduling), each
-        step's forward queued as soon as it is built (`mx.async_eval`); then read the chunk's tokens on the
-        host once and do each request's bookkeeping once per chunk, not per token. Every row is fed every
-        sampled token, also past its end inside a chunk (those row-steps are wasted; the row leaves with
-        its cache row, and what is remembered of it is cut at its end). A request seen waiting while a row
-        is free ends the chunk (it joins at the next step). A batch with a row that is not `plain` (top_p,
-        logit_bias, penalties, seeds, top logprobs: some need its tokens between draws) steps singly."""
+        """Sample a token per row and feed it back, `decode_chunk` times (vLLM's multi-step scheduling), each step's
+        forward queued as soon as it is built (`mx.async_eval`); then read the chunk's tokens on the host once and do
+        each request's bookkeeping once per chunk. Every row is fed every sampled token, also past its end inside a
+        chunk (wasted row-steps; the row leaves with its cache row, and what is remembered of it is cut at its end). A
+        request seen waiting while a row is free ends the chunk (it joins at the next step). A batch steps singly with
+        a row that is not `plain` (top_p, logit_bias, penalties, seeds, top logprobs: some need its tokens between
+        draws) or a streamed row still waiting for its first token."""
         running = batch.running
         self.peak_rows = max(self.peak_rows, len(running))
         temperatures = np.array([r.temperature for r in running], np.float32)
         plain = all(r.options.plain for r in running)
-        remaining = [r.max_tokens - len(r.tokens) for r in running]
-        steps = min(self.decode_chunk, max(remaining)) if plain else 1
+        singly = not plain or any(r.stream and not r.tokens for r in running)  # a streamed row awaits its first token
+        steps = 1 if singly else min(self.decode_chunk, max(r.max_tokens - len(r.tokens) for r in running))
         logits, chunk, timings, ones = batch.logits, [], collections.Counter(), np.ones((len(running),), np.int32)
         room, used = sum(len(b.running) for b in self.batches.values()) < self.max_rows, batch.cache.used
         for step in range(steps):

@@ -139,10 +139,10 @@ class ModelServer:
         return {**self.config.chat_template_kwargs, **(template_kwargs or {})}
 
     def submit(self, prompt: list[int], max_tokens: int, temperature: float, on_token=None,
-               version: int | None = None, options: Options | None = None) -> Request:
+               version: int | None = None, options: Options | None = None, stream: bool = False) -> Request:
         return self.scheduler.submit(Request(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                              stop_tokens=frozenset(self.chat.eos_token_ids), on_token=on_token,
-                                             version=version, options=options or Options()))
+                                             stream=stream, version=version, options=options or Options()))
 
     def call(self, fn):
         """Run `fn()` on the scheduler's thread between decode steps (a concurrent.futures.Future)."""

@@ -146,7 +146,7 @@ class Api:
                                 f"{limit}", "messages", kind="invalid_request_error")
         try:  # each choice draws from its own stream of the request's seed
             return self.server.submit(prompt, sampling.max_tokens, sampling.temperature, on_token, sampling.version,
-                                      replace(sampling.options, seed_stream=index))
+                                      replace(sampling.options, seed_stream=index), stream=sampling.stream)
         except ValueError as error:  # the scheduler's own checks
             raise ApiError(400, str(error)) from None
 

@@ -246,3 +246,17 @@ def test_a_request_arriving_during_a_chunk_ends_it_and_joins_at_the_next_step(po
     assert scheduler.decode_forwards == 1 + 8 + 8 + 8 + 4  # first's 30th token fed nothing still running
     for request in (first, late):
         assert_greedy_and_exact(model, request)
+
+
+def test_a_streamed_requests_first_token_is_read_after_one_step_not_a_chunk(policy):
+    """Chunks delay the host's first read of a new request's token by a chunk: a streamed request (a client
+    waiting for its first token) steps singly until it has one, then in chunks; the tokens are the same."""
+    model, _ = policy
+    stepped_at_first, tokens = {}, {}
+    for stream in (False, True):
+        scheduler = Scheduler(Engine(model), max_rows=4, decode_chunk=8)
+        request = Request([5, 6, 7], 20, 0.0, stream=stream)
+        request.on_token = lambda r, s=stream: stepped_at_first.setdefault(s, scheduler.counts["rows_stepped"])
+        run(scheduler, {0: [request]})
+        tokens[stream] = request.tokens
+    assert stepped_at_first == {False: 8, True: 1} and tokens[False] == tokens[True]
