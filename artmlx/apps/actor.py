@@ -215,7 +215,7 @@ class ActorService:
 
         rows = config.actor_groups_per_batch * config.group_size or config.share_of_update(1) * config.group_size
         return agent_rollouts(config, max(rows, config.group_size), seed=int(self.nonce % 2**31), tick=self._tick,
-                              failure_limit=config.rollout_failure_limit)
+                              failure_limit=config.rollout_failure_limit, budget=budget)
 
     def _apply_adapter(self, rollouts: Rollouts, wait: bool, current: int = -1) -> int:
         while wait and self.client.adapter is None and not self.stop and self.client.shutdown_reason is None:

@@ -306,6 +306,15 @@ class MemoryPlan:
         fit = int(self.free * KV_SHARE // max(per_row, 1))
         return max(1, min(fit, DEVICE_ROWS[self.device]))
 
+    def agent_sizes(self, slots_per_row: int, wanted: int) -> tuple[int, int]:
+        """(concurrent requests, prefix-cache bytes) for an agent server: each request's KV, decode logits and a
+        finished turn of the same size kept for its next turn, inside the KV share (at most `wanted` requests)."""
+        kept = self.shape.kv_bytes_per_row(slots_per_row) + self.shape.state_bytes_per_row
+        per_row = kept + self.shape.kv_bytes_per_row(slots_per_row) + self.shape.state_bytes_per_row \
+            + DECODE_BYTES_PER_VOCAB * self.shape.vocab
+        rows = max(1, min(wanted, int(self.free * KV_SHARE // max(per_row, 1))))
+        return rows, rows * kept
+
     def prefill_tokens(self, context: int) -> int:
         """Tokens one prefill forward may hold."""
         return max(16, int(self.free * WORKSPACE_SHARE // self.shape.prefill_bytes_per_token(context, self.device)))

@@ -235,3 +235,27 @@ def test_both_kinds_of_rollouts_implement_the_declared_interface(server):
         assert isinstance(rollouts, Rollouts) and isinstance(rollouts.failures, FailureLog)
         assert rollouts.max_rows >= 1 and rollouts.groups_per_batch(2) >= 1 and isinstance(rollouts.stats, dict)
     assert not isinstance(object(), Rollouts)
+
+
+def test_an_actors_agent_server_is_sized_by_its_memory_budget():
+    """With a budget, the in-process server runs as many requests as fit it beside a finished turn of each
+    in the prefix cache (`MemoryPlan.agent_sizes`); the same plan decides both."""
+    from artmlx.config import TrainConfig
+    from artmlx.engine.memory import MemoryPlan, ModelShape, device_kind, slots_for
+    from artmlx.rollout.agents import agent_rollouts
+
+    config = TrainConfig(rollout=EXAMPLE, max_episode_tokens=512, max_reply_tokens=16)
+    rollouts = agent_rollouts(config, 64, seed=0)
+    try:
+        shape, scheduler = ModelShape.of(rollouts.server.model), rollouts.server.scheduler
+        assert scheduler.max_rows == 64 and scheduler.prefix.max_bytes == 1024 << 20  # the server's defaults
+        budget = shape.weight_bytes + 20 * (2 * shape.kv_bytes_per_row(slots_for(512, 16)) + 40 * shape.vocab)
+    finally:
+        rollouts.close()
+    rollouts = agent_rollouts(config, 64, seed=0, budget=budget)
+    try:
+        rows, prefix = MemoryPlan(budget, shape, device_kind()).agent_sizes(slots_for(512, 16), 64)
+        assert 1 < rows < 64 and rollouts.server.scheduler.max_rows == rows
+        assert rollouts.server.scheduler.prefix.max_bytes == prefix
+    finally:
+        rollouts.close()

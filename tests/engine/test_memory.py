@@ -32,6 +32,20 @@ def test_kv_cache_rule_for_the_qwen_half_billion_shape():
     assert plan.train_tokens(256, 0.5) > plan.train_tokens(1024, 0.5) > 1024
 
 
+def test_an_agent_server_holds_its_requests_and_a_finished_turn_of_each_inside_the_budget():
+    """Agent rollouts: concurrent requests and the prefix cache (one finished turn per request, what the next
+    turn extends) both come out of the budget's KV share; with room to spare, every wanted request runs."""
+    slots = 1024
+    kept = QWEN_05B.kv_bytes_per_token * slots
+    rows, prefix = MemoryPlan(budget=32 * GB, shape=QWEN_05B, device="gpu").agent_sizes(slots, wanted=128)
+    assert rows == 128 and prefix == 128 * kept
+    small = MemoryPlan(budget=int(1.2 * GB), shape=QWEN_05B, device="gpu")
+    rows, prefix = small.agent_sizes(slots, wanted=128)
+    assert 1 <= rows < 128 and prefix == rows * kept
+    assert rows * (2 * kept + 40 * QWEN_05B.vocab) <= 0.6 * small.free
+    assert MemoryPlan(budget=0, shape=QWEN_05B).agent_sizes(slots, wanted=8)[0] == 1  # never zero requests
+
+
 def test_training_micro_batches_leave_room_for_dequantized_copies():
     """The dense copies that 4-bit layers keep for the backward pass come off the budget before tokens do."""
     from dataclasses import replace
