@@ -28,6 +28,7 @@ def rows_kv(cache: RaggedCache, rows: list[int], ends: list[int] | None = None,
     reals = [np.flatnonzero(row_valid).astype(np.int32)[: None if ends is None else ends[i]]
              for i, row_valid in enumerate(valid)]
     by_length = sorted(range(len(rows)), key=lambda i: len(reals[i]))
+    slot_bytes, state_bytes = _row_bytes(cache)
     out: list = [None] * len(rows)
     start = 0
     while start < len(by_length):
@@ -35,7 +36,8 @@ def rows_kv(cache: RaggedCache, rows: list[int], ends: list[int] | None = None,
         while stop < len(by_length):
             longest, real_after = len(reals[by_length[stop]]), real + len(reals[by_length[stop]])
             count = stop + 1 - start
-            if count * longest > 2 * real_after or (group_bytes and count * _row_bytes(cache, longest) > group_bytes):
+            if count * longest > 2 * real_after or (
+                    group_bytes and count * (slot_bytes * longest + state_bytes) > group_bytes):
                 break
             stop, real = stop + 1, real_after
         group = by_length[start:stop]
@@ -45,15 +47,15 @@ def rows_kv(cache: RaggedCache, rows: list[int], ends: list[int] | None = None,
     return out
 
 
-def _row_bytes(cache: RaggedCache, slots: int) -> int:
-    """Bytes one row of `slots` positions takes in `rows_kv`'s buffers."""
-    total = 0
+def _row_bytes(cache: RaggedCache) -> tuple[int, int]:
+    """Bytes one row takes in `rows_kv`'s buffers: per position (keys and values), and its recurrent states."""
+    slot = state = 0
     for layer in cache.layers:
         if isinstance(layer, LayerState):
-            total += sum(c[0].nbytes for c in layer.cache if c is not None)
+            state += sum(c[0].nbytes for c in layer.cache if c is not None)
         elif layer.keys is not None:
-            total += 2 * layer.keys.shape[1] * slots * layer.keys.shape[3] * layer.keys.dtype.size
-    return total
+            slot += 2 * layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.dtype.size
+    return slot, state
 
 
 def _gather_rows(cache: RaggedCache, rows: list[int], reals: list[np.ndarray]) -> list[tuple[list, Shared, int]]:

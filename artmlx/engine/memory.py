@@ -310,8 +310,7 @@ class MemoryPlan:
         """(concurrent requests, prefix-cache bytes) for an agent server: each request's KV, decode logits and a
         finished turn of the same size kept for its next turn, inside the KV share (at most `wanted` requests)."""
         kept = self.shape.kv_bytes_per_row(slots_per_row) + self.shape.state_bytes_per_row
-        per_row = kept + self.shape.kv_bytes_per_row(slots_per_row) + self.shape.state_bytes_per_row \
-            + DECODE_BYTES_PER_VOCAB * self.shape.vocab
+        per_row = 2 * kept + DECODE_BYTES_PER_VOCAB * self.shape.vocab  # its running row, and its kept turn
         rows = max(1, min(wanted, int(self.free * KV_SHARE // max(per_row, 1))))
         return rows, rows * kept
 

@@ -109,8 +109,7 @@ class PrefixCache:
         for chain in [] if self.whole_entries else self._chain(tokens):
             self.index[(version, chain)] = ident  # the newest sequence with this prefix answers for it
         while self.nbytes > self.max_bytes:  # the least recently used entry, with the rest of its group
-            oldest = self.entries[next(iter(self.entries))]
-            for ident in list(oldest.shared.members) if oldest.shared is not None else [next(iter(self.entries))]:
+            for ident in self._group(next(iter(self.entries))):
                 self._evict(ident)
 
     def lookup(self, version: int, prompt: list[int]) -> tuple[int, list[tuple[mx.array, mx.array]] | None]:
@@ -158,10 +157,14 @@ class PrefixCache:
                 return n, Prefix(entry.kv, entry.window_from, entry.shared, entry.row)
         return 0, None
 
+    def _group(self, ident: int) -> list[int]:
+        """`ident` and the other entries that view its buffers, oldest first."""
+        shared = self.entries[ident].shared
+        return sorted(shared.members) if shared is not None else [ident]
+
     def _touch(self, ident: int) -> None:
         """`ident` and the rest of its group become the most recently used."""
-        shared = self.entries[ident].shared
-        for member in sorted(shared.members) if shared is not None else [ident]:
+        for member in self._group(ident):
             self.entries.move_to_end(member)
 
     def drop_version(self, version: int) -> None:

@@ -301,7 +301,7 @@ class Scheduler:
         if rows:
             kvs = rows_kv(batch.cache, rows, [len(batch.running[row].prompt) + len(batch.running[row].tokens)
                                               for row in rows], group_bytes=self.prefix.max_bytes // 4)
-            mx.async_eval([kv for kv, _, _ in kvs])
+            mx.async_eval([shared.layers for shared in {id(s): s for _, s, _ in kvs}.values()])  # not each view
             for row, (kv, shared, index), held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
                 request = batch.running[row]
                 self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from, shared, index)
