@@ -47,8 +47,8 @@ def timed_request(scheduler: Scheduler, prompt: list[int], tokens: int) -> dict:
     request = Request(prompt=prompt, max_tokens=tokens, temperature=1.0,
                       on_token=lambda r: stamps.append(time.perf_counter()))
     drive(scheduler, [request])
-    gaps = np.diff(stamps)
-    return {"first_token_ms": round((stamps[0] - started) * 1000, 2),
+    gaps = np.diff(stamps)  # with chunks, tokens arrive in bursts: total_ms says what the request took
+    return {"first_token_ms": round((stamps[0] - started) * 1000, 2), "total_ms": round((stamps[-1] - started) * 1000, 2),
             "ms_per_token": round(float(gaps.mean()) * 1000, 3), "tokens": len(request.tokens),
             "sequence": prompt + request.tokens}
 
@@ -152,14 +152,14 @@ def scheduler_runs(model_name: str, prompt: list[int], tokens: int, repeats: int
     return out
 
 
-def mlx_lm_runs(model: str, prompt: list[int], tokens: int, repeats: int) -> dict:
+def mlx_lm_runs(model: str, prompt: list[int], tokens: int, repeats: int, adapter: str | None = None) -> dict:
     from mlx_lm import load
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
     from artmlx.model.tiny import resolve_model
 
-    lm, _ = load(resolve_model(model))
+    lm, _ = load(resolve_model(model), adapter_path=adapter)
     out = {}
     for run in range(repeats):
         stamps = []
@@ -169,6 +169,7 @@ def mlx_lm_runs(model: str, prompt: list[int], tokens: int, repeats: int) -> dic
             stamps.append(time.perf_counter())
         gaps = np.diff(stamps)
         out[f"run{run}"] = {"first_token_ms": round((stamps[0] - started) * 1000, 2),
+                            "total_ms": round((stamps[-1] - started) * 1000, 2),
                             "ms_per_token": round(float(gaps.mean()) * 1000, 3)}
     return out
 
@@ -184,6 +185,9 @@ def main() -> None:
     parser.add_argument("--array-masks", action="store_true", help="Always pass attention an array mask.")
     parser.add_argument("--rows", type=int, default=32, help="Also time decode steps of this many rows together.")
     parser.add_argument("--decode-chunk", type=int, default=1, help="Scheduler.decode_chunk (decode steps per host read)")
+    parser.add_argument("--mlx-lm-adapter", action="store_true",
+                        help="Also time mlx-lm's step with artmlx's default LoRA layers loaded (random, nonzero), "
+                             "as mlx_lm.server --adapter-path runs them.")
     parser.add_argument("--json")
     args = parser.parse_args()
     global TOKEN_HIGH  # token ids the model's vocabulary holds (the embedded model's has a few dozen)
@@ -199,6 +203,13 @@ def main() -> None:
                                              not args.array_masks, args.rows, args.decode_chunk)
     if args.only != "scheduler":
         report["mlx_lm"] = mlx_lm_runs(args.model, prompt, args.tokens, args.repeats)
+        if args.mlx_lm_adapter:
+            import tempfile
+
+            from serve_turns import write_adapter
+
+            adapter = write_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter")
+            report["mlx_lm_adapter"] = mlx_lm_runs(args.model, prompt, args.tokens, args.repeats, str(adapter))
     print(json.dumps(report, indent=1), flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

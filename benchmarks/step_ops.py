@@ -55,7 +55,7 @@ def scheduler_step(model, rows: int, prompt: int, capture: Capture) -> collectio
     scheduler = Scheduler(Engine(model), max_rows=rows, max_prompt_tokens=4096)
     rng = np.random.default_rng(0)
     for _ in range(rows):
-        scheduler.submit(Request(rng.integers(3, 60, prompt).tolist(), max_tokens=8, temperature=1.0))
+        scheduler.submit(Request(rng.integers(3, 60, prompt).tolist(), max_tokens=24, temperature=1.0))
     scheduler.step()  # admits and samples the first tokens
     scheduler.step()
     capture.armed = True

@@ -9,12 +9,14 @@ token with LoRA and 4-6 ms without it.
 `FusedLoRALinear` keeps the 4-bit product and computes `y + scale * (x A) B` for up to `FUSED_ROWS`
 rows in one kernel (`lora_product`): one block per row and output tile computes the row's rank-r
 projection `x A` in float32 (a block reduction over the input features), then its tile of `(x A) B`,
-added to `y` in float32 and rounded once. mlx-lm rounds the LoRA term to the compute dtype before
+added to `y` in float32 and rounded once. The layer's sizes are read at run time, so a model needs one compiled kernel per rank and dtype:
+MLX compiles a custom kernel with NVRTC in every process (it keeps no PTX of custom kernels on disk), measured
+~2.5 s each on the H200, ~13 s per process when each layer shape was its own kernel. mlx-lm rounds the LoRA term to the compute dtype before
 the add, so the two differ by bfloat16 rounding, the noise the sampler's logprobs already carry on a GPU.
 
 The kernel has no gradient. It runs only while the engine builds a forward (`inference()`, entered by
 `RaggedCache.forward`); the learner's products, and every call outside that context, are mlx-lm's.
-`ARTMLX_FUSED_LORA=0` turns it off (an A/B switch for benchmarks).
+`ARTMLX_FUSED_LORA=0` turns it off and `ARTMLX_FUSED_LORA_ROWS=N` moves its row limit (A/B switches for benchmarks).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import threading
 import mlx.core as mx
 from mlx_lm.tuner.lora import LoRALinear
 
-FUSED_ROWS = 32  # above this a decode step's launches are amortised and cuBLAS's products are faster
+# above this a decode step's launches are amortised and cuBLAS's products are faster (ARTMLX_FUSED_LORA_ROWS: A/B)
+FUSED_ROWS = int(os.environ.get("ARTMLX_FUSED_LORA_ROWS", "32"))
 THREADS = 256
 MAX_RANK = 64
 
@@ -38,6 +41,8 @@ _SOURCE = """
     constexpr int WARPS = THREADS / 32;
     __shared__ float partial[RANK][WARPS];
     __shared__ float z[RANK];
+    const int K = x_shape[1];  // read at run time: one compiled kernel serves every layer shape
+    const int N = y_shape[1];
     const int row = blockIdx.y;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -106,7 +111,7 @@ def lora_product(x: mx.array, y: mx.array, a: mx.array, b: mx.array, scale: floa
     rows = x.size // K
     out = _get_kernel()(
         inputs=[x.reshape(rows, K), y.reshape(rows, N), a, b, _scale_array(scale)],
-        template=[("TX", x.dtype), ("TA", a.dtype), ("K", K), ("N", N), ("RANK", rank)],
+        template=[("TX", x.dtype), ("TA", a.dtype), ("RANK", rank)],
         grid=(-(-N // THREADS) * THREADS, rows, 1), threadgroup=(THREADS, 1, 1),
         output_shapes=[(rows, N)], output_dtypes=[x.dtype])[0]
     return out.reshape(y.shape)

@@ -8,7 +8,11 @@ non-traditional layout: the first and second halves of the rotated dimensions pa
 offsets as mlx-lm's caches pass them. It replaces plain `nn.RoPE` layers and mlx-lm's `Llama3RoPE`
 (whose fused call passes its own frequencies; theta = position / freq), only on the CUDA backend,
 or when ARTMLX_PORTABLE_ROPE=1;
-the learner and the actors load models the same way, so both compute identical logprobs. The
+the learner and the actors load models the same way, so both compute identical logprobs.
+Probed again on 2026-12-03 (`benchmarks/rope_probe.py`, `results/h200/rope-probe-h200.json`): the fused kernel
+launched and agreed (bfloat16) at every probed shape, 1-512 rows, so the failure needs something the probe
+lacks; the one A/B of a decode with it (in pieces, together with LoRA's fused product to 256 rows) was slower
+(13.5 / 14.8 against 11.8 / 12.3 s for 128 agents), so the default is unchanged. The
 rotation is one compiled function (`mx.compile`), so its dozen element-wise operations run as a
 few fused kernels: at every decode step it runs twice in every layer.
 """
@@ -44,6 +48,11 @@ rotation costs the host ~100 us per call against one kernel launch: with it, a o
 0.5B shape (48 calls) took ~10.5 ms on the H200 and ~5 ms with the fused kernel (LoRA off, both)."""
 
 
+# A/B switch (ARTMLX_ROPE_PIECES=1): decode inputs of `fused_below_rows` rows or more take the fused kernel in
+# pieces below that size, joined, instead of the compiled rotation (benchmarks/rope_probe.py checks both).
+PIECES = os.environ.get("ARTMLX_ROPE_PIECES") == "1"
+
+
 class PortableRoPE(nn.Module):
     def __init__(self, dims: int, traditional: bool = False, base: float = 10000.0, scale: float = 1.0,
                  freqs: mx.array | None = None, fused_below_rows: int = 0):
@@ -57,11 +66,18 @@ class PortableRoPE(nn.Module):
         else:
             self._scaled_inv_freq = scale * base ** (-mx.arange(0, dims, 2, dtype=mx.float32) / dims)
 
+    def _fused(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        return mx.fast.rope(x, self.dims, traditional=self.traditional,
+                            base=None if self._freqs is not None else self.base, scale=self.scale,
+                            offset=offset, freqs=self._freqs)
+
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         if x.shape[0] < self.fused_below_rows:
-            return mx.fast.rope(x, self.dims, traditional=self.traditional,
-                                base=None if self._freqs is not None else self.base, scale=self.scale,
-                                offset=offset, freqs=self._freqs)
+            return self._fused(x, offset)
+        if PIECES and self.fused_below_rows and x.shape[-2] == 1:  # decode rows, in pieces the kernel launches for
+            piece, per_row = self.fused_below_rows - 1, isinstance(offset, mx.array) and offset.ndim == 1
+            return mx.concatenate([self._fused(x[i:i + piece], offset[i:i + piece] if per_row else offset)
+                                   for i in range(0, x.shape[0], piece)])
         positions = mx.arange(x.shape[-2], dtype=mx.float32)
         if isinstance(offset, mx.array) and offset.ndim == 1:
             # One offset per batch row: (B, 1, L, 1) positions against (B, heads, L, D) inputs.

@@ -52,3 +52,18 @@ def test_narrow_inputs_take_the_fused_kernel_and_wide_ones_the_portable_rotation
     wide = PortableRoPE(32, fused_below_rows=4)(x, offset=offset)
     assert np.array_equal(np.array(narrow), np.array(fused))
     np.testing.assert_allclose(np.array(wide), np.array(fused), atol=1e-5)
+
+
+@pytest.mark.parametrize("offset", [9, "per-row"])
+def test_wide_decode_rows_in_fused_pieces_equal_the_fused_kernel_whole(monkeypatch, offset):
+    """The A/B switch ARTMLX_ROPE_PIECES=1: rows at or past the limit take mx.fast.rope in pieces below it."""
+    from artmlx.model import rope
+
+    monkeypatch.setattr(rope, "PIECES", True)
+    x = mx.random.normal((11, 1, 3, 32), key=mx.random.key(3)).transpose(0, 2, 1, 3)  # as mlx-lm's attention
+    if offset == "per-row":
+        offset = mx.array(np.arange(11, dtype=np.int32) * 13)
+    whole = mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=offset)
+    pieces = PortableRoPE(32, fused_below_rows=4)(x, offset=offset)  # pieces of 3, 3, 3 and 2 rows
+    assert pieces.shape == x.shape
+    assert np.array_equal(np.array(pieces), np.array(whole))

@@ -1,0 +1,26 @@
+# 2026-12-03, fifth session, on the H200: MLX's CUDA graphs against the decode step's host time. A native profile of
+# 128 agents (issue19_profile.sh) spent its launch time instantiating, updating, destroying (LRU) and launching CUDA
+# graphs of 100 operations each (MLX's default on an H100/H200) and waiting for the device with 10 such graphs in
+# flight. Here: 128 agents (16 x 8, chunks of 8) and one row (decode_profile) under three settings of MLX's own
+# switches, each in its own process (MLX reads them once). First the fused LoRA kernel with run-time sizes.
+#   bash benchmarks/device/issue19_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
+source benchmarks/device/common.sh
+# the fused LoRA kernel now reads its layer sizes at run time: its tests' comparison with mlx-lm's product
+step lora-kernel 120 python3 -c "
+import sys; sys.path.insert(0, 'tests/model')
+import types; sys.modules.setdefault('pytest', types.SimpleNamespace(mark=types.SimpleNamespace(
+    skipif=lambda *a, **k: (lambda f: f), parametrize=lambda *a, **k: (lambda f: f))))
+import test_lora_kernel as t
+for case in [(1, 896, 896, 16), (7, 896, 128, 8), (32, 896, 4864, 16), (32, 4864, 896, 64), (3, 1536, 256, 1), (128, 896, 4864, 16)]:
+    t.test_kernel_equals_mlx_lm_lora_up_to_bfloat16_rounding(*case); print('ok', case)
+t.test_fused_layer_uses_the_kernel_only_inside_inference(); print('ok inside inference')
+"
+step synth-q05 40 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
+for setting in MLX_MAX_OPS_PER_BUFFER=1000 MLX_USE_CUDA_GRAPHS=0 "MLX_MAX_OPS_PER_BUFFER=1000 MLX_CUDA_GRAPH_CACHE_SIZE=4000"; do
+  tag=$(echo $setting | tr ' =' '_-')
+  step "agents $setting" 90 env $setting python3 benchmarks/agent_turns.py --model /tmp/q05 --groups 16 --rows 128 \
+    --cached-only --decode-chunks 8 --json $OUT/agent-turns-0.5b-h200-$tag.json
+  step "1row $setting" 60 env $setting python3 benchmarks/decode_profile.py --model /tmp/q05 --rows 1 --repeats 2 \
+    --decode-chunk 8 --only scheduler --json $OUT/decode-profile-0.5b-1row-$tag.json
+done
+save_ptx

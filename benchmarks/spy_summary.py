@@ -1,0 +1,61 @@
+"""Condense a `py-spy record --native --threads --format raw` profile into where one thread's samples went:
+kernel compilation (NVRTC) apart, then by the project's Python line and by MLX/CUDA's native frames.
+
+    python benchmarks/spy_summary.py PROFILE.txt [--thread scheduler] [--top 20] [--json FILE]
+
+The device scripts record raw profiles (`benchmarks/device/issue19_profile.sh`); those are megabytes, so what
+is kept in `benchmarks/results/` is this summary of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+from pathlib import Path
+
+OURS = ("artmlx/", "benchmarks/", "mlx_lm/")
+
+
+def summarize(path: Path, thread: str, top: int) -> dict:
+    python, native = collections.Counter(), collections.Counter()
+    total = compile_samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if thread not in frames[0]:
+            continue
+        n = int(count)
+        total += n
+        if any("nvrtc" in f or "JitModule" in f for f in frames):
+            compile_samples += n
+            continue
+        ours = [f for f in frames if ".py:" in f and any(o in f for o in OURS)]
+        python[ours[-1] if ours else "(other)"] += n
+        named = [re.sub(r" \(.*", "", f) for f in frames if "(lib" in f and "0x" not in f]
+        native[" < ".join(reversed(named[-2:])) if named else "(python)"] += n
+    share = lambda counter: [(k, v, round(v / max(total, 1), 3)) for k, v in counter.most_common(top)]  # noqa: E731
+    return {"profile": path.name, "thread": thread, "samples": total, "compile_samples": compile_samples,
+            "by_python_line": share(python), "by_native_frames": share(native)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("profile", type=Path)
+    parser.add_argument("--thread", default="scheduler")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    report = summarize(args.profile, args.thread, args.top)
+    print(f"{report['samples']} samples of {args.thread}, {report['compile_samples']} compiling kernels")
+    for key, n, frac in report["by_python_line"]:
+        print(f"{n:6d} {frac:6.1%} {key[:150]}")
+    for key, n, frac in report["by_native_frames"]:
+        print(f"{n:6d} {frac:6.1%} {key[:150]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
