@@ -17,9 +17,7 @@ seconds to build and evaluate them, best of `--repeats`. On a GPU each operation
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import re
 import sys
 import tempfile
 import time
@@ -35,13 +33,7 @@ from artmlx.engine.cache_rows import cache_with_prefixes, rows_kv  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402
 from artmlx.engine.prefix_cache import Prefix  # noqa: E402
 from artmlx.model.policy import load_base  # noqa: E402
-
-DOT = Path(tempfile.gettempdir()) / "artmlx-prefix-ops.dot"
-
-
-def graph_ops(arrays: list) -> int:
-    mx.export_to_dot(str(DOT), *arrays)
-    return sum(collections.Counter(re.findall(r'label ="([^"]+)"', DOT.read_text())).values())
+from step_ops import graph_ops  # noqa: E402  (benchmarks/ is this script's folder)
 
 
 def flat(kept) -> list:
@@ -61,9 +53,9 @@ def admit(engine: Engine, kept: list, together: bool) -> list:
 def measure(engine: Engine, cache, rows: list[int], ends: list[int], together: bool, repeats: int) -> dict:
     """Operations (counted once, untimed) and the best host seconds of building and evaluating each."""
     kept = keep(cache, rows, ends, together)
-    out = {"keep": {"ops": graph_ops(flat(kept))}}
+    out = {"keep": {"ops": sum(graph_ops(*flat(kept)).values())}}
     mx.eval(flat(kept))
-    out["admit"] = {"ops": graph_ops(admit(engine, kept, together))}
+    out["admit"] = {"ops": sum(graph_ops(*admit(engine, kept, together)).values())}
     for name, run in (("keep", lambda: flat(keep(cache, rows, ends, together))),
                       ("admit", lambda: admit(engine, kept, together))):
         best = float("inf")

@@ -9,10 +9,11 @@ token with LoRA and 4-6 ms without it.
 `FusedLoRALinear` keeps the 4-bit product and computes `y + scale * (x A) B` for up to `FUSED_ROWS`
 rows in one kernel (`lora_product`): one block per row and output tile computes the row's rank-r
 projection `x A` in float32 (a block reduction over the input features), then its tile of `(x A) B`,
-added to `y` in float32 and rounded once. The layer's sizes are read at run time, so a model needs one compiled kernel per rank and dtype:
-MLX compiles a custom kernel with NVRTC in every process (it keeps no PTX of custom kernels on disk), measured
-~2.5 s each on the H200, ~13 s per process when each layer shape was its own kernel. mlx-lm rounds the LoRA term to the compute dtype before
+added to `y` in float32 and rounded once. mlx-lm rounds the LoRA term to the compute dtype before
 the add, so the two differ by bfloat16 rounding, the noise the sampler's logprobs already carry on a GPU.
+The layer's sizes are read at run time, so a process compiles one kernel per rank and dtype: MLX compiles
+custom kernels with NVRTC in every process (it keeps no PTX of them on disk), and one kernel per layer shape
+had cost each process ~12-13 s on the H200 at the 0.5B shape (five shapes).
 
 The kernel has no gradient. It runs only while the engine builds a forward (`inference()`, entered by
 `RaggedCache.forward`); the learner's products, and every call outside that context, are mlx-lm's.

@@ -249,7 +249,7 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
     """The run's rollout function on a new in-process server of `rows` concurrent requests; with a memory
     `budget` (bytes), as many of those as fit it beside a prefix cache holding a finished turn for each
     (`MemoryPlan.agent_sizes`), instead of the server's default 1 GB prefix cache."""
-    from ..engine.memory import MemoryPlan, ModelShape, device_kind, slots_for
+    from ..engine.memory import plan_for, slots_for
     from ..model.policy import LoraSpec
     from ..serve.model_server import ModelServer, ServeConfig
     from .agent_code import load_rollout, load_scenarios
@@ -261,7 +261,7 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
                                      max_tokens=config.max_episode_tokens, seed=seed, decode_chunk=config.decode_chunk),
                          LoraSpec.from_config(config))
     if budget:  # sized once the model is loaded, before any request (the scheduler reads these between steps)
-        plan = MemoryPlan(budget, ModelShape.of(server.model), device_kind())
+        plan = plan_for(server.model, budget)
         rows, prefix_bytes = plan.agent_sizes(slots_for(config.max_episode_tokens, config.max_reply_tokens), rows)
         server.scheduler.max_rows = rows
         if server.scheduler.prefix is not None:
