@@ -6,7 +6,9 @@ A workload CxSxT is C concurrent conversations, each with the same system prompt
 three-letter words (one token each on `artmlx model synth` tokenizers), then T turns of a 32-word
 user message and a reply of `--max-tokens` tokens; each turn resends the whole conversation with
 the previous replies as text (what an agent does). Throughput is completion tokens per wall second
-through the real `openai` client on loopback. A random-weight model almost never ends a reply, so
+through the real `openai` client on loopback, each server a process of its own as its users run it
+(`--in-process` runs artmlx's in this one instead, to read its scheduler's counts), with the median
+time of each turn's request. A random-weight model almost never ends a reply, so
 every reply runs to `--max-tokens` on both servers. Each server gets a warm-up pass first.
 
 `--adapter` gives both servers the same trained-looking LoRA adapter (random, nonzero; mlx-lm's format,
@@ -28,6 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,14 +49,17 @@ def conversations(client: openai.OpenAI, model: str, count: int, system: int, tu
                   seed: int) -> dict:
     shared = words(random.Random(seed), system)
     tokens = [0] * count
+    turn_seconds = [[] for _ in range(turns)]  # each turn's request time, over the conversations
 
     def talk(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         messages = [{"role": "system", "content": shared}]
         for _ in range(turns):
             messages.append({"role": "user", "content": words(rng, 32)})
+            asked = time.perf_counter()
             reply = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
                                                    temperature=1.0)
+            turn_seconds[len(messages) // 2 - 1].append(time.perf_counter() - asked)
             tokens[i] += reply.usage.completion_tokens
             messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
 
@@ -64,7 +70,8 @@ def conversations(client: openai.OpenAI, model: str, count: int, system: int, tu
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 2), "completion_tokens": sum(tokens), "tokens_per_s": sum(tokens) / seconds}
+    return {"seconds": round(seconds, 2), "completion_tokens": sum(tokens), "tokens_per_s": sum(tokens) / seconds,
+            "turn_seconds_median": [round(float(np.median(t)), 4) for t in turn_seconds]}
 
 
 def run_workloads(client, model: str, workloads, max_tokens: int) -> dict:
@@ -96,15 +103,56 @@ def write_adapter(model: str, folder: Path) -> Path:
     return folder
 
 
-def wait_up(port: int) -> None:
+def wait_up(port: int, process: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}): {log.read_text()[-2000:] if log else ''}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
             return
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("the server did not come up")
+
+
+def as_process(command: list[str], label: str, model: str, workloads, max_tokens: int) -> dict:
+    """The workloads against a server started as its own process (as a user runs it) on a free port."""
+    port, log = free_port(), Path(tempfile.mkdtemp()) / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([*command, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_up(port, process, log)
+        print(label, flush=True)
+        return run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=3600),
+                             model, workloads, max_tokens)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def in_process(args, adapter, rows: int, workloads, report: dict) -> dict:
+    """artmlx's server in this process (its scheduler's counts are then read into `report`); the clients'
+    threads share the interpreter with it, which a server of its own does not."""
+    server = ModelServer(ServeConfig(model=args.model, adapters=str(adapter or ""), max_rows=rows,
+                                     max_tokens=args.max_tokens, max_prompt_tokens=16384,
+                                     prefix_cache_mb=args.prefix_cache_mb, decode_chunk=args.decode_chunk))
+    port, ready = free_port(), threading.Event()
+    http = run_server(server, "127.0.0.1", port, "", ready=ready)
+    ready.wait(60)
+    print("artmlx serve (in this process)", flush=True)
+    out = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=3600),
+                        args.model, workloads, args.max_tokens)
+    report["artmlx_prefix"] = server.scheduler.prefix.stats if server.scheduler.prefix else None
+    report["artmlx_prefill_tokens"], report["artmlx_prompt_tokens"] = (server.scheduler.prefill_tokens,
+                                                                       server.scheduler.prompt_tokens)
+    report["artmlx_conversation_hits"] = server.conversations.hits
+    report["artmlx_scheduler"] = {**server.scheduler.counts, "decode_forwards": server.scheduler.decode_forwards,
+                                  "tokens_sampled": server.scheduler.tokens_sampled}
+    http.should_exit = True
+    http.thread.join(10)
+    server.close()
+    return out
 
 
 def main() -> None:
@@ -115,7 +163,10 @@ def main() -> None:
     parser.add_argument("--prefix-cache-mb", type=int, default=1024)
     parser.add_argument("--artmlx-only", action="store_true", help="No mlx_lm.server runs (profiling).")
     parser.add_argument("--adapter", action="store_true", help="Both servers serve the same nonzero LoRA adapter.")
-    parser.add_argument("--decode-chunk", type=int, default=1, help="artmlx serve's --decode-chunk")
+    parser.add_argument("--decode-chunk", type=int, default=0, help="artmlx serve's --decode-chunk (0: its default)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="Run artmlx's server in this process, beside the clients' threads, and report its "
+                             "scheduler's counts (otherwise `artmlx serve` runs as its own process, as mlx_lm.server does).")
     parser.add_argument("--json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split("x")) for w in args.workloads.split(",")]
@@ -125,45 +176,25 @@ def main() -> None:
 
     adapter = write_adapter(args.model, Path(tempfile.mkdtemp()) / "adapter") if args.adapter else None
     report["adapter"], report["decode_chunk"] = bool(adapter), args.decode_chunk
-    server = ModelServer(ServeConfig(model=args.model, adapters=str(adapter or ""), max_rows=rows,
-                                     max_tokens=args.max_tokens, max_prompt_tokens=16384,
-                                     prefix_cache_mb=args.prefix_cache_mb, decode_chunk=args.decode_chunk))
-    port, ready = free_port(), threading.Event()
-    http = run_server(server, "127.0.0.1", port, "", ready=ready)
-    ready.wait(60)
-    print("artmlx serve", flush=True)
-    report["artmlx"] = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
-                                                   timeout=3600), args.model, workloads, args.max_tokens)
-    report["artmlx_prefix"] = server.scheduler.prefix.stats if server.scheduler.prefix else None
-    report["artmlx_prefill_tokens"], report["artmlx_prompt_tokens"] = (server.scheduler.prefill_tokens,
-                                                                       server.scheduler.prompt_tokens)
-    report["artmlx_conversation_hits"] = server.conversations.hits
-    report["artmlx_scheduler"] = {**server.scheduler.counts, "decode_forwards": server.scheduler.decode_forwards,
-                                  "tokens_sampled": server.scheduler.tokens_sampled}
-    http.should_exit = True
-    http.thread.join(10)
-    server.close()
-
+    if args.in_process:
+        report["artmlx"] = in_process(args, adapter, rows, workloads, report)
+    else:
+        report["artmlx"] = as_process([sys.executable, "-m", "artmlx", "serve", "--model", args.model,
+                                       *(["--adapters", str(adapter)] if adapter else []),
+                                       "--max-rows", str(rows), "--max-tokens", str(args.max_tokens),
+                                       "--prefix-cache-mb", str(args.prefix_cache_mb),
+                                       "--decode-chunk", str(args.decode_chunk)],
+                                      "artmlx serve", args.model, workloads, args.max_tokens)
     if args.artmlx_only:
-        print(json.dumps({k: report[k] for k in report if k.startswith("artmlx_")}, indent=1))
-        return
-    mlx_port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", resolve_model(args.model),
-                                "--port", str(mlx_port), "--max-tokens", str(args.max_tokens),
-                                *(["--adapter-path", str(adapter)] if adapter else [])],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_up(mlx_port)
-        print("mlx_lm.server", flush=True)
-        report["mlx_lm"] = run_workloads(openai.OpenAI(base_url=f"http://127.0.0.1:{mlx_port}/v1", api_key="-",
-                                                       timeout=3600), resolve_model(args.model), workloads,
-                                         args.max_tokens)
-    finally:
-        process.terminate()
-        process.wait(30)
-    report["ratio"] = {name: report["artmlx"][name]["tokens_per_s"] / report["mlx_lm"][name]["tokens_per_s"]
-                       for name in report["artmlx"]}
-    print(json.dumps(report["ratio"], indent=1))
+        print(json.dumps({k: report[k] for k in report if k.startswith("artmlx")}, indent=1))
+    else:
+        report["mlx_lm"] = as_process([sys.executable, "-m", "mlx_lm", "server", "--model",
+                                       resolve_model(args.model), "--max-tokens", str(args.max_tokens),
+                                       *(["--adapter-path", str(adapter)] if adapter else [])],
+                                      "mlx_lm.server", resolve_model(args.model), workloads, args.max_tokens)
+        report["ratio"] = {name: report["artmlx"][name]["tokens_per_s"] / report["mlx_lm"][name]["tokens_per_s"]
+                           for name in report["artmlx"]}
+        print(json.dumps(report["ratio"], indent=1))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -14,7 +14,9 @@ Each method is warmed up first (kernel compilation is not timed). Also measured:
 - prefill memory: the peak of prefilling `prefill_rows` prompts with logits at every position (what
   the engine did before) against logits at each row's last position only;
 - sampler/learner agreement: the learner's recomputed logprobs of the engine's G = 8 episodes
-  against the sampler's (ratio mean and max |difference|) at this model size;
+  against the sampler's (ratio mean and max |difference|) at this model size, and the learner's against
+  its own in float32: how far rounding to bfloat16 alone moves this model's logprobs, the scale by which
+  a GPU's sampler/learner difference is noise (random-weight Gemma and GPT-OSS shapes: up to 2-3 nats);
 - rows sweep (optional): engine decode tokens/s at several batch sizes, for the rows rule.
 """
 
@@ -24,6 +26,7 @@ import time
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 from ..chat import ChatFormat
 from ..engine.loading import open_policy
@@ -140,11 +143,21 @@ class RolloutBench:
                 "max_abs_logit_diff": float(mx.abs(before.astype(mx.float32) - after.astype(mx.float32)).max())}
 
     def agreement(self, groups) -> dict:
+        """The learner's recomputed logprobs of `groups` against the sampler's, and, as the scale to read that by,
+        against the learner's own in float32 (every floating-point array of the model widened, exactly: what
+        rounding to the model's dtype alone moves; the model is restored after)."""
         trainer = GRPOTrainer(self.model, trainer_settings({"temperature": 1.0}), self.plan)
         learner, behaviour = trainer.recompute(groups)
         diff = learner - behaviour
+        original = tree_flatten(self.model.parameters())
+        self.model.set_dtype(mx.float32)
+        learner32, _ = trainer.recompute(groups)
+        self.model.load_weights(original)
+        rounding = np.abs(learner - learner32)
         return {"policy_tokens": int(diff.size), "ratio_mean": float(np.exp(diff).mean()),
-                "max_abs_logprob_diff": float(np.abs(diff).max())}
+                "max_abs_logprob_diff": float(np.abs(diff).max()),
+                "max_abs_logprob_diff_vs_float32": float(rounding.max()),
+                "mean_abs_logprob_diff_vs_float32": float(rounding.mean())}
 
     def rows_sweep(self, rows_list: list[int], tokens: int) -> list[dict]:
         out = []
@@ -197,5 +210,6 @@ def run(model_path: str, group_sizes: list[int], prompt: int, reply: int, rows: 
     if "agreement" in results:
         a = results["agreement"]
         echo(f"sampler vs learner: ratio mean {a['ratio_mean']:.5f}, max |d logprob| {a['max_abs_logprob_diff']:.4f} "
-             f"over {a['policy_tokens']} tokens")
+             f"over {a['policy_tokens']} tokens (the learner in its dtype against float32: max "
+             f"{a['max_abs_logprob_diff_vs_float32']:.4f}, rounding alone)")
     return results
