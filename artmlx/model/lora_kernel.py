@@ -100,6 +100,16 @@ def available() -> bool:
             and hasattr(mx, "cuda") and mx.cuda.is_available())
 
 
+_available: list[bool] = []
+
+
+def _usable() -> bool:
+    """`available()`, asked once per process (a decode step asks for every adapted layer)."""
+    if not _available:
+        _available.append(available())
+    return _available[0]
+
+
 def _scale_array(scale: float) -> mx.array:
     if scale not in _scales:
         _scales[scale] = mx.array([scale], dtype=mx.float32)
@@ -133,13 +143,16 @@ class FusedLoRALinear(LoRALinear):
     """mlx-lm's `LoRALinear` (same parameters, same adapter files) whose decode-time product is one kernel."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        rows = x.size // x.shape[-1]
-        if (getattr(_local, "on", False) and rows <= FUSED_ROWS and self.lora_a.shape[-1] <= MAX_RANK
-                and not self.training):
-            y = self.linear(x)
-            if y.dtype == x.dtype:
-                return lora_product(x, y, self.lora_a, self.lora_b, self.scale)
-            return y + (self.scale * ((x @ self.lora_a) @ self.lora_b)).astype(x.dtype)
+        if getattr(_local, "on", False) and not self.training:
+            group = getattr(self, "lora_group", None)  # siblings of one input in one product (lora_groups.py)
+            out = group.output(self, x) if group is not None else None
+            if out is not None:
+                return out
+            if x.size // x.shape[-1] <= FUSED_ROWS and self.lora_a.shape[-1] <= MAX_RANK:
+                y = self.linear(x)
+                if y.dtype == x.dtype and _usable():
+                    return lora_product(x, y, self.lora_a, self.lora_b, self.scale)
+                return y + (self.scale * ((x @ self.lora_a) @ self.lora_b)).astype(x.dtype)
         return super().__call__(x)
 
 
