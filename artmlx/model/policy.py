@@ -80,7 +80,8 @@ def attach_lora(model: nn.Module, spec: LoraSpec) -> int:
     linear_to_lora_layers(model, spec.layers_for(model), parameters, use_dora=spec.dora)
     if lora_kernel.available():
         lora_kernel.use_fused_lora(model)
-        lora_groups.group_siblings(model)
+        if lora_groups.enabled():
+            lora_groups.group_siblings(model)
     count = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     if count == 0:
         raise ValueError(f"lora_keys={spec.keys} matched no layer of the model; no parameter is trainable")
