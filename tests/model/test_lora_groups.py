@@ -102,7 +102,8 @@ def test_groups_on_cuda(dtype, monkeypatch):
         tokens = mx.random.randint(0, 100, (rows, 1), key=mx.random.key(rows))
         alone, together = forward(model, tokens, grouped=False), forward(model, tokens, grouped=True)
         alone, together = alone.astype(mx.float32), together.astype(mx.float32)
-        scale = mx.abs(alone).max().item()  # rounding in different orders; mlx-lm's float32 products are TF32's
+        # rounding in different orders: on the H200 float32 differed by 1.5e-3 of the scale at 8 rows (TF32 products?)
+        scale = mx.abs(alone).max().item()
         tolerance = scale * (2 ** -8 if dtype == mx.float32 else 2 ** -5)
         assert mx.abs(alone - together).max().item() < tolerance, rows
     assert len(computed) == 4 * 2 * len(model.layers)
