@@ -9,7 +9,8 @@ source .gpuB/install.sh
 # calls compiled travels as .gpuE/ptx.tar.xz (carry it), and `save_ptx` returns the grown cache in $OUT.
 [ -f .gpuE/ptx.tar.xz ] && tar -xJf .gpuE/ptx.tar.xz -C /tmp && echo "PTX cache: $(ls /tmp/mlx/*/ptx | wc -l) files"
 save_ptx() { tar -cJf $OUT/ptx.tar.xz -C /tmp mlx; }
-# the extra wheels (tomli-w, starlette, uvicorn, py-spy; openai and its needs for agent runs) in .gpuC/ and .gpuD/
+# the extra wheels (tomli-w, starlette, uvicorn, py-spy; openai and its needs for agent runs) in .gpuC/ and .gpuD/,
+# made here by benchmarks/device/prepare_extras.sh (a new checkout has none of .gpuA-.gpuE: run both preparations)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 $(ls .gpuC/*.whl .gpuD/*.whl 2>/dev/null) 2>&1 | tail -2
 export PYTHONPATH=$PYTHONPATH:/tmp/site2 PATH=$PATH:/tmp/site2/bin
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
