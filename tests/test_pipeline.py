@@ -38,6 +38,15 @@ def children_of(pid):
     return [int(p) for p in out.split()]
 
 
+def role_of(pid):
+    """`artmlx ROLE`'s role from a child's command line ("" before it has exec'd or after it ended)."""
+    try:
+        words = open(f"/proc/{pid}/cmdline").read().split("\0")
+    except OSError:
+        return ""
+    return words[3] if len(words) > 3 else ""
+
+
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -56,9 +65,13 @@ def test_run_trains_and_leaves_no_processes(tmp_path):
     run = tmp_path / "run"
     launcher = artmlx_process("run", "--actors", "2", "--out", str(run), "--steps", "3", "--set", "eval_every=3",
                               "--actor-devices", "cpu", *SMALL)
-    time.sleep(3)
-    children = children_of(launcher.pid)
-    roles = {pid: open(f"/proc/{pid}/cmdline").read().split("\0")[3] for pid in children}
+    deadline = time.monotonic() + 120  # the launcher starts its three processes once it has imported MLX
+    while True:
+        children = children_of(launcher.pid)
+        roles = {pid: role_of(pid) for pid in children}
+        if sorted(roles.values()) == ["actor", "actor", "learner"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     priority = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in children}
     environ = {pid: open(f"/proc/{pid}/environ").read().split("\0") for pid in children}
     learner = next(pid for pid, role in roles.items() if role == "learner")
