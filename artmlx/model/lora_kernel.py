@@ -23,6 +23,7 @@ The kernel has no gradient. It runs only while the engine builds a forward (`inf
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -100,14 +101,10 @@ def available() -> bool:
             and hasattr(mx, "cuda") and mx.cuda.is_available())
 
 
-_available: list[bool] = []
-
-
+@functools.cache
 def _usable() -> bool:
     """`available()`, asked once per process (a decode step asks for every adapted layer)."""
-    if not _available:
-        _available.append(available())
-    return _available[0]
+    return available()
 
 
 def _scale_array(scale: float) -> mx.array:
