@@ -99,7 +99,7 @@ class LoRAGroup:
     def output(self, member, x: mx.array) -> mx.array | None:
         """`member`'s output for `x`, computed with its siblings'; None if it must run alone (a module tree
         copied from this one, `policy.share_base`, has its own adapter: its members are not this group's)."""
-        index = getattr(member, "lora_group_index", -1)
+        index = member.lora_group_index
         if not 0 <= index < len(self.members) or self.members[index] is not member:
             return None
         dequant_rows = getattr(member.linear, "dequant_rows", 0)  # a long prefill multiplies dense weights instead
@@ -146,7 +146,7 @@ def group_siblings(model: nn.Module, use_kernel: bool = True) -> int:
         for names in SIBLINGS:
             members = [getattr(module, name, None) for name in names]
             if all(m is not None for m in members) and LoRAGroup.compatible(members) \
-                    and not any(hasattr(m, "lora_group") for m in members):
+                    and not any(getattr(m, "lora_group", None) is not None for m in members):
                 LoRAGroup(members, use_kernel)
                 made += 1
     return made

@@ -139,9 +139,15 @@ def inference():
 class FusedLoRALinear(LoRALinear):
     """mlx-lm's `LoRALinear` (same parameters, same adapter files) whose decode-time product is one kernel."""
 
+    # Set per instance by `lora_groups.LoRAGroup`. Declared here so that an ungrouped layer's lookup is a class
+    # attribute: a missing one goes through `nn.Module.__getattr__` and an AttributeError (~4 us, on every
+    # adapted layer of every decode step).
+    lora_group = None
+    lora_group_index = -1
+
     def __call__(self, x: mx.array) -> mx.array:
         if getattr(_local, "on", False) and not self.training:
-            group = getattr(self, "lora_group", None)  # siblings of one input in one product (lora_groups.py)
+            group = self.lora_group  # siblings of one input in one product (lora_groups.py)
             out = group.output(self, x) if group is not None else None
             if out is not None:
                 return out
