@@ -1,10 +1,14 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
-# Every test run writes the embedded model into its own cache, never the user's.
-os.environ.setdefault("ARTMLX_CACHE", tempfile.mkdtemp(prefix="artmlx-test-cache-"))
+# Every test run writes the embedded model into its own cache, never the user's, and removes it at the end.
+if "ARTMLX_CACHE" not in os.environ:
+    os.environ["ARTMLX_CACHE"] = _TEST_CACHE = tempfile.mkdtemp(prefix="artmlx-test-cache-")
+    atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

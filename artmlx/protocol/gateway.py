@@ -36,6 +36,7 @@ import collections
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ import zmq
 from .security import ZAP_DOMAIN, secure_server
 
 EXIT_MEMORY = 3
+CONTROL_FOLDER_PREFIX = "artmlx-gateway-"  # the learner's folder for the control socket (sockets.py)
 POLL_MS = 20
 BATCH = 256  # messages handled per socket per turn, so neither side starves the other
 CONTROL_HWM = 16  # messages buffered between the processes, each at most message_limit bytes
@@ -140,6 +142,7 @@ class Gateway:
             if self._over_memory():
                 return EXIT_MEMORY
             if os.getppid() != self.parent:  # the learner is gone (killed outright)
+                self._remove_control_folder()
                 return 0
 
     def _from_actors(self) -> None:
@@ -250,6 +253,13 @@ class Gateway:
               f"({self.settings.memory_limit >> 20} MB + 8 adapters): a peer is sending a message that never "
               "ends; resetting every connection", file=sys.stderr, flush=True)
         return True
+
+    def _remove_control_folder(self) -> None:
+        """The learner removes the folder of the control socket when it stops; a learner killed outright
+        cannot, so its gateway does (only a folder the learner made: `LearnerSocket`'s prefix)."""
+        folder = Path(self.settings.control.removeprefix("ipc://")).parent
+        if folder.name.startswith(CONTROL_FOLDER_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         if self.public is not None:

@@ -30,7 +30,7 @@ import zmq
 from .codec import DEFAULT_LIMITS, Limits, decode, encode
 from .errors import ProtocolError, VersionMismatch
 from .messages import Refuse
-from .gateway import CONTROL_HWM, EXIT_MEMORY, GatewaySettings
+from .gateway import CONTROL_FOLDER_PREFIX, CONTROL_HWM, EXIT_MEMORY, GatewaySettings
 from .security import allowed_keys, is_loopback, secure_client, server_keys
 
 log = logging.getLogger("artmlx.protocol")
@@ -99,7 +99,7 @@ class LearnerSocket:
         self.limits = limits
         self.rejections = RejectionCounter()
         self.resets = 0
-        self._folder = tempfile.mkdtemp(prefix="artmlx-gateway-")  # 0700: only this user reaches the gateway
+        self._folder = tempfile.mkdtemp(prefix=CONTROL_FOLDER_PREFIX)  # 0700: only this user reaches the gateway
         self.context = zmq.Context()
         self.control = self.context.socket(zmq.PAIR)
         for option, value in ((zmq.SNDHWM, 0), (zmq.RCVHWM, CONTROL_HWM), (zmq.LINGER, linger_ms)):

@@ -113,13 +113,15 @@ def test_the_gateway_leaves_when_its_learner_is_killed():
     program = ("import sys, time\n"
                "from artmlx.protocol.sockets import LearnerSocket\n"
                "learner = LearnerSocket('tcp://127.0.0.1:0')\n"
-               "print(learner.process.pid, flush=True)\n"
+               "print(learner.process.pid, learner._folder, flush=True)\n"
                "time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
-    gateway = int(owner.stdout.readline())
+    gateway, folder = owner.stdout.readline().split()
+    assert os.path.isdir(folder)
     owner.kill()
     owner.wait()
-    assert wait_for(lambda: not _alive(gateway), timeout=10)
+    assert wait_for(lambda: not _alive(int(gateway)), timeout=10)
+    assert not os.path.exists(folder)  # the control socket's folder, which the killed learner could not remove
 
 
 def test_a_port_in_use_is_told_by_the_learner():
