@@ -139,7 +139,8 @@ def choose_placement(requested: str, actor_devices: list[str], learner_device: s
     gpus = mx.device_count(mx.gpu)
     if gpus > 1:
         return "processes", f"{gpus} GPUs: put actors on the others with --actor-devices"
-    return "processes", "one GPU: --placement colocated shares it from one process, not yet measured there"
+    return "processes", ("one GPU: actor processes measured as fast as colocated actors or faster on an H200 "
+                         "(--placement colocated holds the base model once)")
 
 
 def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: bool = False,
