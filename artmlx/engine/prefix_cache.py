@@ -37,6 +37,17 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 
+def block_chain(tokens: list[int], block: int, known: list[int] | None = None) -> list[int]:
+    """Chain hashes of each whole block of `tokens` (the hash of the previous block's hash and this block's ids);
+    `known`: those of a prefix of `tokens`, extended rather than computed again."""
+    out = list(known or [])
+    previous = out[-1] if out else 0
+    for start in range(len(out) * block, len(tokens) - block + 1, block):
+        previous = hash((previous, tuple(tokens[start:start + block])))
+        out.append(previous)
+    return out
+
+
 class Prefix(list):
     """A hit: per-layer arrays as `cache_rows.rows_kv` gives them, and `window_from`, the first position whose keys
     the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept); if
@@ -83,12 +94,7 @@ class PrefixCache:
         self.lookups = self.hits = self.hit_tokens = self.lookup_tokens = 0
 
     def _chain(self, tokens: list[int]) -> list[int]:
-        """Chain hashes of each whole block of `tokens`."""
-        out, previous = [], 0
-        for start in range(0, len(tokens) - self.block + 1, self.block):
-            previous = hash((previous, tuple(tokens[start:start + self.block])))
-            out.append(previous)
-        return out
+        return block_chain(tokens, self.block)
 
     def insert(self, version: int, tokens: list[int], kv: list[tuple[mx.array, mx.array]], window_from: int = 0,
                shared: Shared | None = None, row: int = 0) -> None:
@@ -138,6 +144,14 @@ class PrefixCache:
         self.hits += 1
         self.hit_tokens += n
         return n, Prefix([(k[:, :n], v[:, :n]) for k, v in entry.kv], entry.window_from, entry.shared, entry.row)
+
+    def count(self, lookups: int = 0, hits: int = 0, lookup_tokens: int = 0, hit_tokens: int = 0) -> None:
+        """Count lookups and hits answered elsewhere: by the scheduler's parked rows (sequences still in its
+        batch's cache, where they were computed: the warmest entries)."""
+        self.lookups += lookups
+        self.hits += hits
+        self.lookup_tokens += lookup_tokens
+        self.hit_tokens += hit_tokens
 
     def _window_held(self, entry: Entry, n: int) -> bool:
         """Whether a row resumed at position n finds real keys at every position its window layers see
