@@ -13,7 +13,8 @@ agents' thread (the openai client, HTTP and the API all run there, beside the sc
 under one GIL). `--decode-chunks 1,8` repeats `cached` at each number of decode steps the scheduler
 queues between two host reads (`Scheduler.decode_chunk`), alternated; `--park-forwards 0,64` repeats it at each
 `Scheduler.park_forwards` (0: a finished row leaves the batch at once and its next turn starts from the prefix
-cache; N: it stays parked in the batch for N decode forwards and its next turn is prefilled into it in place).
+cache; N: it stays parked in the batch for N decode forwards and its next turn is prefilled into it in place);
+`N:F` also sets `Scheduler.in_place` to F (the share of an in-place forward's tokens that must be new turns').
 
 Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
 `--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state (with `--decode-chunks`,
@@ -52,7 +53,7 @@ def small_synth() -> str:
 
 
 def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: list[int],
-         cached_only: bool = False, parks: list[int] | None = None) -> dict:
+         cached_only: bool = False, parks: list[str] | None = None) -> dict:
     from artmlx.rollout.agent_code import load_rollout
     from artmlx.rollout.agents import MODEL_NAME, AgentRollouts
     from artmlx.serve.model_server import ModelServer, ServeConfig
@@ -71,11 +72,13 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
         modes += [("cached", True, True, None, None)] if not decode_chunks else \
             [(f"cached,chunk={chunk}#{r}", True, True, chunk, None) for r in (1, 2) for chunk in decode_chunks]
     default_chunk, default_park = server.scheduler.decode_chunk, server.scheduler.park_forwards
+    default_in_place = server.scheduler.in_place
     for name, exact, cached, chunk, park in modes:
         server.scheduler.decode_chunk = chunk or default_chunk
         scheduler = server.scheduler
         scheduler.call(scheduler.batches.clear).result()  # no parked row carries over from the mode before
-        scheduler.park_forwards = default_park if park is None else park
+        park, _, in_place = (str(default_park) if park is None else park).partition(":")
+        scheduler.park_forwards, scheduler.in_place = int(park), float(in_place) if in_place else default_in_place
         scheduler.prefix = cache if cached else None
         if cached:
             cache.entries.clear(), cache.index.clear()
@@ -98,7 +101,7 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
             "prompt_tokens": scheduler.prompt_tokens - before[0], "prefill_tokens": scheduler.prefill_tokens - before[1],
             "wall_s": round(wall, 2), "decode_chunk": server.scheduler.decode_chunk,
             "decode_forwards": scheduler.decode_forwards - before[4], "agents_thread_cpu_s": round(agents_cpu, 2),
-            "park_forwards": scheduler.park_forwards,
+            "park_forwards": scheduler.park_forwards, "in_place": scheduler.in_place,
             # where the scheduler's thread spent it (admit_s: prefills and joins; decode_s: decode steps, of
             # which sync_s waiting for the device and remember_s keeping finished sequences' KV)
             "scheduler": {k: round(v - before[3].get(k, 0), 3) for k, v in scheduler.counts.items()}}
@@ -165,7 +168,7 @@ def main() -> None:
               "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows,
                                                               [int(x) for x in args.decode_chunks.split(",") if x],
                                                               args.cached_only,
-                                                              [int(x) for x in args.park_forwards.split(",") if x])}
+                                                              [x for x in args.park_forwards.split(",") if x])}
     if args.pipeline or args.pipeline_only:
         report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")),
                                       [int(x) for x in args.decode_chunks.split(",") if x])

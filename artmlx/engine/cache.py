@@ -292,10 +292,20 @@ class RaggedCache:
         state, steps = self.state, int(counts.max(initial=0))
         if steps == 0:
             return
-        forgotten = np.arange(steps)[None, :] >= (steps - counts)[:, None]  # (rows, the last `steps` slots)
+        state.offset = state.offset - mx.array(counts.astype(np.int32))
+        # slots every row forgets are given back (the next forward writes over them): a cache whose rows all
+        # forget alike stays dense (one conversation served: no mask array, MLX's fused attention)
+        common = int(counts.min())
+        state.used -= common
+        state.valid = state.valid[:, : state.used]
+        if state.positions is not None:
+            state.positions = state.positions[:, : state.used]
+        if common == steps:
+            return
+        steps -= common
+        forgotten = np.arange(steps)[None, :] >= (steps - (counts - common))[:, None]  # (rows, last `steps` slots)
         state.valid = mx.concatenate([state.valid[:, : state.used - steps],
                                       state.valid[:, state.used - steps: state.used] & mx.array(~forgotten)], axis=1)
-        state.offset = state.offset - mx.array(counts.astype(np.int32))
         state.dense = False
 
     def select(self, rows: mx.array) -> None:

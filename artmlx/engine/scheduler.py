@@ -72,7 +72,8 @@ BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a reques
 
 class Scheduler:
     def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0,
-                 prefix_cache_bytes: int = 0, decode_chunk: int = 0, park_forwards: int = PARK_FORWARDS):
+                 prefix_cache_bytes: int = 0, decode_chunk: int = 0, park_forwards: int = PARK_FORWARDS,
+                 in_place: float = IN_PLACE):
         if decode_chunk < 0:
             raise ValueError(f"decode_chunk must be at least 1, or 0 for the model's default (got {decode_chunk})")
         if park_forwards < 0:
@@ -81,6 +82,7 @@ class Scheduler:
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.park_forwards = park_forwards  # parked rows go with the prefix cache (see the module's docstring)
+        self.in_place = in_place  # see IN_PLACE
         self._row_chains: dict[int, dict] = {}  # by version: id(request) -> (request, its rows' block chain hashes)
         # prompt tokens actually prefilled (after prefix hits and shared prompts), and of every admitted request
         self.prefill_tokens = self.prompt_tokens = 0
@@ -325,9 +327,16 @@ class Scheduler:
 
     def _parks(self, batch: Batch, row: int, past_end: int) -> bool:
         """Whether a finished row stays in the cache for its conversation's next turn: it ended normally, the
-        scheduler keeps sequences (a prefix cache) and the row can be cut at its end (a recurrent state cannot)."""
-        return (self.prefix is not None and self.park_forwards > 0 and batch.rows[row].finish_reason in ("stop", "length")
-                and not (batch.cache.recurrent and past_end))
+        scheduler keeps sequences (a prefix cache) and the row can be cut at its end (a recurrent state cannot; a
+        window layer must still hold every key the row's next token sees)."""
+        if not (self.prefix is not None and self.park_forwards > 0 and batch.rows[row].finish_reason in ("stop", "length")
+                and not (batch.cache.recurrent and past_end)):
+            return False
+        window = batch.cache.state.window
+        if past_end and window is not None:  # the window layers were trimmed by its position past its end
+            held_from, end = windows_from(batch.cache, [row])[0], len(batch.rows[row].prompt) + len(batch.rows[row].tokens)
+            return not held_from or end - window + 1 >= held_from
+        return True
 
     def _drop_rows(self, batch: Batch, gone: list[int], past_end: dict[int, int] | None = None,
                    remember: bool = True) -> None:
@@ -410,7 +419,7 @@ class Scheduler:
             else:
                 rest.append(request)
         turns = [len(request.prompt) - n for request, n in continuing.values()]
-        if not turns or sum(turns) < IN_PLACE * len(batch.rows) * max(turns):  # cheaper apart (see IN_PLACE)
+        if not turns or sum(turns) < self.in_place * len(batch.rows) * max(turns):  # cheaper apart (see IN_PLACE)
             return admitted
 
         self._load(batch.version)

@@ -1,11 +1,22 @@
 # 2026-12-04 (eighth session) on the H200: parked rows (a finished request's row stays in the batch's cache and its
 # conversation's next turn is prefilled into it in place) against finished rows leaving for the prefix cache at
-# once, in one process, each arm twice, alternated (128 agents of the 4-turn synthetic agent, 16 x 8, chunks of 8);
-# then `artmlx serve` against `mlx_lm.server` on the four workloads of issue 19's table (parked rows on).
+# once, in one process, each arm twice, alternated (128 agents of the 4-turn synthetic agent, 16 x 8, chunks of 8):
+# park=0 (rows leave), park=64 (in place when 3/4 of the forward's tokens are new turns), park=64:0 (always in
+# place); then one conversation served (1 x 1,000 x 4) against `mlx_lm.server`, twice. The first call of the day
+# (arms 0 and 64, and the four serving workloads) ran this script before `64:0` and the 1-conversation passes
+# were added: ARMS and SERVE below select what runs.
 #   bash benchmarks/device/issue19_parked_rows.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
-step agent-turns-park 260 python3 benchmarks/agent_turns.py --model /tmp/q05 --groups 16 --rows 128 --cached-only \
-  --park-forwards 0,64 --json $OUT/agent-turns-0.5b-h200-park.json
-step serve-four 200 python3 benchmarks/serve_turns.py --model /tmp/q05 --adapter --json $OUT/serve-turns-0.5b-h200-park.json
+ARMS=${ARMS:-0,64,64:0} SERVE=${SERVE:-1conv}
+step agent-turns-park 300 python3 benchmarks/agent_turns.py --model /tmp/q05 --groups 16 --rows 128 --cached-only \
+  --park-forwards $ARMS --json $OUT/agent-turns-0.5b-h200-park-${ARMS//[,:]/_}.json
+if [ "$SERVE" = four ]; then
+  step serve-four 200 python3 benchmarks/serve_turns.py --model /tmp/q05 --adapter --json $OUT/serve-turns-0.5b-h200-park.json
+else
+  for pass in 1 2; do
+    step serve-1conv-$pass 90 python3 benchmarks/serve_turns.py --model /tmp/q05 --adapter --workloads 1x1000x4 \
+      --json $OUT/serve-turns-0.5b-h200-park-1conv-pass$pass.json
+  done
+fi
 save_ptx

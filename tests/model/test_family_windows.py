@@ -129,7 +129,8 @@ def test_parked_rows_continue_in_place_after_their_windows_trimmed(folders):
     model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
     rng = np.random.default_rng(4)
     prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
-    scheduler = Scheduler(Engine(model, cache_block=4), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=1)
+    scheduler = Scheduler(Engine(model, cache_block=4), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=1,
+                          in_place=0.0)  # a turn continues its parked row however few rows take part
     short, long = Request(prompt(30), 3, 0.0), Request(prompt(6), 40, 0.0)
     run(scheduler, {0: [short, long]})
     assert scheduler.parked_rows == 2 and not scheduler.prefix.entries and scheduler.batches[0].cache.state.window_base
