@@ -11,10 +11,7 @@ For each: groups kept (a group needs all G trajectories), trajectories refused a
 tokens submitted against tokens prefilled, wall time, decode forwards and the CPU seconds of the
 agents' thread (the openai client, HTTP and the API all run there, beside the scheduler's thread,
 under one GIL). `--decode-chunks 1,8` repeats `cached` at each number of decode steps the scheduler
-queues between two host reads (`Scheduler.decode_chunk`), alternated; `--park-forwards 0,64` repeats it at each
-`Scheduler.park_forwards` (0: a finished row leaves the batch at once and its next turn starts from the prefix
-cache; N: it stays parked in the batch for N decode forwards and its next turn is prefilled into it in place);
-`N:F` also sets `Scheduler.in_place` to F (the share of an in-place forward's tokens that must be new turns').
+queues between two host reads (`Scheduler.decode_chunk`), alternated.
 
 Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
 `--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state (with `--decode-chunks`,
@@ -53,7 +50,7 @@ def small_synth() -> str:
 
 
 def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: list[int],
-         cached_only: bool = False, parks: list[str] | None = None) -> dict:
+         cached_only: bool = False) -> dict:
     from artmlx.rollout.agent_code import load_rollout
     from artmlx.rollout.agents import MODEL_NAME, AgentRollouts
     from artmlx.serve.model_server import ModelServer, ServeConfig
@@ -65,20 +62,13 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
     cache, capacity = server.scheduler.prefix, server.conversations.capacity
     results = {}
     rollouts.play(list(range(1000, 1000 + max(1, rows // group_size))), group_size)  # warm-up: compile kernels
-    modes = [] if cached_only else [("text", False, False, None, None), ("exact", True, False, None, None)]
-    if parks:
-        modes += [(f"cached,park={park}#{r}", True, True, None, park) for r in (1, 2) for park in parks]
-    else:
-        modes += [("cached", True, True, None, None)] if not decode_chunks else \
-            [(f"cached,chunk={chunk}#{r}", True, True, chunk, None) for r in (1, 2) for chunk in decode_chunks]
-    default_chunk, default_park = server.scheduler.decode_chunk, server.scheduler.park_forwards
-    default_in_place = server.scheduler.in_place
-    for name, exact, cached, chunk, park in modes:
+    modes = [] if cached_only else [("text", False, False, None), ("exact", True, False, None)]
+    modes += [("cached", True, True, None)] if not decode_chunks else \
+        [(f"cached,chunk={chunk}#{r}", True, True, chunk) for r in (1, 2) for chunk in decode_chunks]
+    default_chunk = server.scheduler.decode_chunk
+    for name, exact, cached, chunk in modes:
         server.scheduler.decode_chunk = chunk or default_chunk
         scheduler = server.scheduler
-        scheduler.call(scheduler.batches.clear).result()  # no parked row carries over from the mode before
-        park, _, in_place = (str(default_park) if park is None else park).partition(":")
-        scheduler.park_forwards, scheduler.in_place = int(park), float(in_place) if in_place else default_in_place
         scheduler.prefix = cache if cached else None
         if cached:
             cache.entries.clear(), cache.index.clear()
@@ -101,7 +91,6 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
             "prompt_tokens": scheduler.prompt_tokens - before[0], "prefill_tokens": scheduler.prefill_tokens - before[1],
             "wall_s": round(wall, 2), "decode_chunk": server.scheduler.decode_chunk,
             "decode_forwards": scheduler.decode_forwards - before[4], "agents_thread_cpu_s": round(agents_cpu, 2),
-            "park_forwards": scheduler.park_forwards, "in_place": scheduler.in_place,
             # where the scheduler's thread spent it (admit_s: prefills and joins; decode_s: decode steps, of
             # which sync_s waiting for the device and remember_s keeping finished sequences' KV)
             "scheduler": {k: round(v - before[3].get(k, 0), 3) for k, v in scheduler.counts.items()}}
@@ -157,8 +146,6 @@ def main() -> None:
     parser.add_argument("--decode-chunks", default="",
                         help="comma-separated Scheduler.decode_chunk values for `cached` and for the pipeline's --rollout runs")
     parser.add_argument("--cached-only", action="store_true", help="Part 1 without the text and exact modes")
-    parser.add_argument("--park-forwards", default="",
-                        help="comma-separated Scheduler.park_forwards values for `cached` (each twice, alternated)")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     model = args.model or small_synth()
@@ -167,8 +154,7 @@ def main() -> None:
                                                           "SYNTHETIC_USER_TOKENS", "SYNTHETIC_MAX_TOKENS")},
               "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows,
                                                               [int(x) for x in args.decode_chunks.split(",") if x],
-                                                              args.cached_only,
-                                                              [x for x in args.park_forwards.split(",") if x])}
+                                                              args.cached_only)}
     if args.pipeline or args.pipeline_only:
         report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")),
                                       [int(x) for x in args.decode_chunks.split(",") if x])

@@ -283,31 +283,6 @@ class RaggedCache:
                 layer.values = mx.contiguous(layer.values[..., drop:, :])
         state.window_base = base + drop
 
-    def forget_last(self, counts: np.ndarray) -> None:
-        """Row r forgets its last `counts[r]` tokens, which must be its real tokens in the last `counts[r]` slots
-        (a decode chunk fed them one a step past the row's end): those slots become holes and its position goes
-        back. A recurrent layer's state cannot forget: such a cache refuses."""
-        if self.recurrent:
-            raise ValueError("a recurrent layer's state cannot forget tokens")
-        state, steps = self.state, int(counts.max(initial=0))
-        if steps == 0:
-            return
-        state.offset = state.offset - mx.array(counts.astype(np.int32))
-        # slots every row forgets are given back (the next forward writes over them): a cache whose rows all
-        # forget alike stays dense (one conversation served: no mask array, MLX's fused attention)
-        common = int(counts.min())
-        state.used -= common
-        state.valid = state.valid[:, : state.used]
-        if state.positions is not None:
-            state.positions = state.positions[:, : state.used]
-        if common == steps:
-            return
-        steps -= common
-        forgotten = np.arange(steps)[None, :] >= (steps - (counts - common))[:, None]  # (rows, last `steps` slots)
-        state.valid = mx.concatenate([state.valid[:, : state.used - steps],
-                                      state.valid[:, state.used - steps: state.used] & mx.array(~forgotten)], axis=1)
-        state.dense = False
-
     def select(self, rows: mx.array) -> None:
         """Keep (and reorder or repeat) the given rows, in place."""
         for layer in self.layers:

@@ -59,11 +59,10 @@ class Engine:
         """A prefix cache for this model: whole entries only if it has recurrent layers, its window if any."""
         return PrefixCache(max_bytes, whole_entries=bool(self.parts.recurrent), window=self.window)
 
-    def prefill(self, cache: RaggedCache, sequences: list[list[int]], some_rows: bool = False) -> mx.array:
-        """Feed one ragged chunk per row; return each row's logits after its last real token, (rows, V).
-        `some_rows`: rows may be fed nothing (their logits are then meaningless: the caller keeps its own)."""
+    def prefill(self, cache: RaggedCache, sequences: list[list[int]]) -> mx.array:
+        """Feed one ragged chunk per row; return each row's logits after its last real token, (rows, V)."""
         lengths = np.array([len(s) for s in sequences])
-        if lengths.max() == 0 or (lengths.min() == 0 and not some_rows):
+        if lengths.min() == 0:
             raise ValueError("empty chunk to prefill: every row needs at least one token")
         rows, width = len(sequences), int(lengths.max())
         padded = np.zeros((rows, width), dtype=np.int32)

@@ -145,13 +145,11 @@ class PrefixCache:
         self.hit_tokens += n
         return n, Prefix([(k[:, :n], v[:, :n]) for k, v in entry.kv], entry.window_from, entry.shared, entry.row)
 
-    def count(self, lookups: int = 0, hits: int = 0, lookup_tokens: int = 0, hit_tokens: int = 0) -> None:
-        """Count lookups and hits answered elsewhere: by the scheduler's parked rows (sequences still in its
-        batch's cache, where they were computed: the warmest entries)."""
-        self.lookups += lookups
-        self.hits += hits
-        self.lookup_tokens += lookup_tokens
-        self.hit_tokens += hit_tokens
+    def count_hit(self, new_hit: bool, tokens: int) -> None:
+        """Count a hit found outside the cache (a running row of the scheduler's batch: `new_hit`), or `tokens`
+        more of a prompt than the cache's own hit gave."""
+        self.hits += int(new_hit)
+        self.hit_tokens += tokens
 
     def _window_held(self, entry: Entry, n: int) -> bool:
         """Whether a row resumed at position n finds real keys at every position its window layers see

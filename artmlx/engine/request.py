@@ -34,20 +34,9 @@ class Request:
 
 @dataclass
 class Batch:
-    """One adapter version's cache rows (`rows`, one request per row), their cache and next-token logits.
-
-    A row whose request has finished but whose conversation may go on is `parked`: it stays in the cache,
-    fed nothing (a hole per decode step), so that the conversation's next turn is prefilled into it in place
-    (`Scheduler` matches a prompt that extends its sequence) instead of its KV being copied out and back in."""
+    """The running requests of one adapter version, their cache and next-token logits."""
 
     version: int
-    rows: list[Request] = field(default_factory=list)
-    parked: dict[int, int] = field(default_factory=dict)  # row -> `forwards` when its request finished
+    running: list[Request] = field(default_factory=list)
     cache: RaggedCache | None = None
     logits: mx.array | None = None  # (rows, V)
-    forwards: int = 0  # decode forwards this batch has run
-
-    @property
-    def running(self) -> list[Request]:
-        """The requests still generating (every row but the parked ones)."""
-        return [r for row, r in enumerate(self.rows) if row not in self.parked]

@@ -3,17 +3,13 @@
 What a server needs from the engine that environment rollouts (which start a batch together) do not:
 - `submit(request)` from any thread; the scheduler's own thread calls `step()` in a loop;
 - each `step()` first admits waiting requests (up to `max_rows` running): their prompts are
-  prefilled together in a cache of their own and joined to the running cache (`cache.join_caches`),
+  prefilled together in a cache of their own, from the longest prefix the prefix cache or a running row
+  holds, and joined to the running cache (`cache.join_caches`),
   then samples one token for every running request and feeds them all back in **one forward** per
   decode step (`decode_chunk` steps before the host reads their tokens), so a request that arrives
   while others decode joins the batch at the next step (the next chunk if no row is free);
-- a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or "length");
-  with a prefix cache its row is then parked: it stays in the cache, fed nothing, until a request whose
-  prompt extends its sequence (the conversation's next turn) takes it over and is prefilled into it in
-  place, all such turns of a batch in one forward (the other rows fed nothing); a row parked for
-  `park_forwards` decode forwards, or whose place a newcomer needs, leaves for the prefix cache. Other
-  finished rows leave the cache at once; holes left behind are compacted away once they outnumber the
-  real slots;
+- a request ends at one of its stop tokens or at its `max_tokens` (`finish_reason` "stop" or "length")
+  and its row leaves the cache; holes left behind are compacted away once they outnumber the real slots;
 - every sampled token is recorded with its logprob under the distribution it was drawn from, by the
   engine's one sampling rule (`sampling.sample`, as rollouts): per request temperature (0: greedy) and
   `options` (top_p, seed, logit_bias, presence/frequency penalties, top_logprobs), rows with and without
@@ -51,19 +47,10 @@ from .cache_rows import cache_with_prefixes, compact, join_caches, rows_kv, wind
 from .generate import Engine
 from .prefix_cache import Prefix, block_chain
 from .request import Batch, Request
-from .sampling import Options, sample
+from .sampling import sample
 
 __all__ = ["BASE_VERSION", "Request", "Scheduler"]
 
-# Decode forwards a finished row stays parked waiting for its conversation's next turn (the batch feeds it nothing
-# meanwhile but computes its row): a few replies' worth covers an agent's own work between turns.
-PARK_FORWARDS = 64
-# Turns prefilled into their parked rows cost a forward over every row of the batch, each as wide as the longest
-# turn (the other rows fed nothing); apart, they cost their own tokens and copies of KV (out of the batch's cache,
-# then joining it), which are cheap where compute is dear (a large model) and launches are not. So turns are
-# prefilled in place only when at least this fraction of that forward's tokens are theirs (on this 2-core CPU one
-# turn of 137 tokens took 3.2 s in place in a 32-row batch, against 0.13 s apart).
-IN_PLACE = 0.75
 # Decode steps between two host reads of the sampled tokens (H200: 128 agents 1.33x faster than single steps). A model
 # with recurrent layers takes single steps: a row that ends inside a chunk runs past its end and a state cannot be cut.
 DECODE_CHUNK = 8
@@ -72,18 +59,13 @@ BASE_VERSION = -2  # the base model alone (every LoRA B zero); -1 marks a reques
 
 class Scheduler:
     def __init__(self, engine: Engine, max_rows: int = 32, max_prompt_tokens: int = 8192, seed: int = 0,
-                 prefix_cache_bytes: int = 0, decode_chunk: int = 0, park_forwards: int = PARK_FORWARDS,
-                 in_place: float = IN_PLACE):
+                 prefix_cache_bytes: int = 0, decode_chunk: int = 0):
         if decode_chunk < 0:
             raise ValueError(f"decode_chunk must be at least 1, or 0 for the model's default (got {decode_chunk})")
-        if park_forwards < 0:
-            raise ValueError(f"park_forwards must be at least 0 (0: rows are not parked), got {park_forwards}")
         self.engine, self.decode_chunk = engine, decode_chunk or (1 if engine.parts.recurrent else DECODE_CHUNK)
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.park_forwards = park_forwards  # parked rows go with the prefix cache (see the module's docstring)
-        self.in_place = in_place  # see IN_PLACE
-        self._row_chains: dict[int, dict] = {}  # by version: id(request) -> (request, its rows' block chain hashes)
+        self._row_chains: dict[int, dict] = {}  # by version: id(request) -> (request, its block chain hashes)
         # prompt tokens actually prefilled (after prefix hits and shared prompts), and of every admitted request
         self.prefill_tokens = self.prompt_tokens = 0
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
@@ -112,10 +94,6 @@ class Scheduler:
     def running(self) -> list[Request]:
         return [r for batch in self.batches.values() for r in batch.running]
 
-    @property
-    def parked_rows(self) -> int:
-        return sum(len(batch.parked) for batch in self.batches.values())
-
     def submit(self, request: Request) -> Request:
         if not request.prompt:
             raise ValueError("empty prompt")
@@ -141,7 +119,7 @@ class Scheduler:
     def set_adapter(self, version: int, weights: dict[str, mx.array]) -> None:
         """New requests are admitted under `version` (the adapter `weights`, names as the model's
         trainable parameters); running ones keep theirs. Call on the scheduler's thread (`call`)."""
-        if version < self.adapter_version or (version == self.adapter_version and self._serves(version)):
+        if version < self.adapter_version or (version == self.adapter_version and version in self.batches):
             raise ValueError(f"adapter version {version} is not newer than {self.adapter_version}, which serves requests")
         weights = conform_adapter_weights(self.adapters[self.adapter_version], weights)
         mx.eval(weights)
@@ -181,13 +159,9 @@ class Scheduler:
         self.set_adapter(version, adapter_weights(self.engine.model))
         self.loaded_version = version
 
-    def _serves(self, version: int) -> bool:
-        """Whether requests of `version` are generating (not only parked rows)."""
-        return version in self.batches and len(self.batches[version].parked) < len(self.batches[version].rows)
-
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting or self.calls)
+        return bool(self.batches or self.waiting or self.calls)
 
     def step(self) -> list[Request]:
         """Run pending calls, admit, then for each adapter version's batch: its decode steps (one forward each,
@@ -198,13 +172,11 @@ class Scheduler:
         self.counts["admit_s"] += time.perf_counter() - started
         done = []
         for batch in list(self.batches.values()):
-            if not self._serves(batch.version):  # parked rows alone: nothing to step
-                continue
             self._load(batch.version)
             started = time.perf_counter()
             done += self._step_batch(batch)
             self.counts["decode_s"] += time.perf_counter() - started
-            if not batch.rows:
+            if not batch.running:
                 del self.batches[batch.version]
         self._forget_unused_adapters()
         return done
@@ -223,9 +195,7 @@ class Scheduler:
     def _forget_unused_adapters(self) -> None:
         with self.lock:
             asked = {r.version for r in self.waiting}
-        needed = {self.adapter_version, *filter(self._serves, self.batches), *self.kept, *self.holds, *asked}
-        for version in [v for v in self.batches if v not in needed]:  # parked rows alone: no turn will come
-            del self.batches[version]
+        needed = {self.adapter_version, *self.batches, *self.kept, *self.holds, *asked}
         self._row_chains = {v: chains for v, chains in self._row_chains.items() if v in self.batches}
         for version in [v for v in self.adapters if v not in needed]:
             del self.adapters[version]
@@ -247,30 +217,26 @@ class Scheduler:
     def _step_batch(self, batch: Batch) -> list[Request]:
         """Sample a token per row and feed it back, `decode_chunk` times (vLLM's multi-step scheduling), each step's
         forward queued as soon as it is built (`mx.async_eval`); then read the chunk's tokens on the host once and do
-        each request's bookkeeping once per chunk. Every running row is fed every sampled token, also past its end
-        inside a chunk (wasted row-steps; what is kept of it is cut at its end); parked rows are fed nothing. A
-        request seen waiting while a row is free ends the chunk (it joins at the next step). A batch steps singly
-        with a row that is not `plain` (top_p, logit_bias, penalties, seeds, top logprobs: some need its tokens
-        between draws) or a streamed row still waiting for its first token."""
-        rows, parked = batch.rows, batch.parked
-        running = [r for row, r in enumerate(rows) if row not in parked]
+        each request's bookkeeping once per chunk. Every row is fed every sampled token, also past its end inside a
+        chunk (wasted row-steps; the row leaves with its cache row, and what is remembered of it is cut at its end). A
+        request seen waiting while a row is free ends the chunk (it joins at the next step). A batch steps singly with
+        a row that is not `plain` (top_p, logit_bias, penalties, seeds, top logprobs: some need its tokens between
+        draws) or a streamed row still waiting for its first token."""
+        running = batch.running
         self.peak_rows = max(self.peak_rows, len(running))
-        temperatures = np.array([1.0 if row in parked else r.temperature for row, r in enumerate(rows)], np.float32)
+        temperatures = np.array([r.temperature for r in running], np.float32)
         plain = all(r.options.plain for r in running)
         singly = not plain or any(r.stream and not r.tokens for r in running)  # a streamed row awaits its first token
         steps = 1 if singly else min(self.decode_chunk, max(r.max_tokens - len(r.tokens) for r in running))
-        options = None if plain else [Options() if row in parked else r.options for row, r in enumerate(rows)]
-        history = None if plain else [r.tokens for r in rows]
-        fed = np.ones((len(rows),), np.int32)
-        fed[list(parked)] = 0
-        logits, chunk, timings = batch.logits, [], collections.Counter()
-        room, used = len(self.running) < self.max_rows, batch.cache.used
+        logits, chunk, timings, ones = batch.logits, [], collections.Counter(), np.ones((len(running),), np.int32)
+        room, used = sum(len(b.running) for b in self.batches.values()) < self.max_rows, batch.cache.used
         for step in range(steps):
             built = time.perf_counter()
             self.key, step_key = mx.random.split(self.key)
-            sampled = sample(logits, temperatures, step_key, options, history)
-            # fed even where every row ends here: a finished sequence is kept with its last token
-            h = batch.cache.forward(self.engine.parts.trunk, sampled.tokens[:, None], fed)
+            sampled = sample(logits, temperatures, step_key, None if plain else [r.options for r in running],
+                             None if plain else [r.tokens for r in running])
+            # fed even where every row ends here: a finished sequence is remembered with its last token
+            h = batch.cache.forward(self.engine.parts.trunk, sampled.tokens[:, None], ones)
             logits = self.engine.parts.head(h[:, -1, :])
             launched = time.perf_counter()  # host seconds building (Python), launching (MLX), then syncing
             mx.async_eval(logits, *(a for a in sampled if a is not None))
@@ -279,18 +245,15 @@ class Scheduler:
             if self.waiting and room:  # a newcomer could join now: end the chunk here rather than keep it waiting
                 break
         steps = len(chunk)
-        batch.forwards += steps
-        self.counts.update(rows_stepped=len(rows) * steps,  # and the cache slots they attended over
-                           slots_stepped=len(rows) * (used * steps + steps * (steps - 1) // 2))
+        self.counts.update(rows_stepped=len(running) * steps,  # and the cache slots they attended over
+                           slots_stepped=len(running) * (used * steps + steps * (steps - 1) // 2))
         waited = time.perf_counter()
         tokens, logprobs = (np.array(mx.stack(parts, axis=1)) if steps > 1 else np.array(parts[0])[:, None]
                             for parts in ([c.tokens for c in chunk], [c.logprobs for c in chunk]))  # no op for one
         self.counts.update(timings, sync_s=time.perf_counter() - waited)
         top = None if chunk[0].top_ids is None else (np.array(chunk[0].top_ids), np.array(chunk[0].top_logprobs))
-        finished, past_end, served = [], {}, 0
-        for row, request in enumerate(rows):
-            if row in parked:
-                continue
+        finished, keep, past_end, served = [], [], {}, 0
+        for row, request in enumerate(running):
             for step in range(steps):
                 token = int(tokens[row, step])
                 request.tokens.append(token)
@@ -309,55 +272,26 @@ class Scheduler:
                     past_end[row] = steps - 1 - step  # tokens fed to its cache row after its last one
                     break
             served = max(served, step if request.finish_reason else steps)  # forwards it needed fed
-            if request.finish_reason:
-                finished.append(row)
+            (finished if request.finish_reason else keep).append(row)
         self.decode_forwards += served  # forwards that fed a row still running (not a finished row's last token)
-        parking = [row for row in finished if self._parks(batch, row, past_end[row])]
-        if any(past_end[row] for row in parking):  # the tokens fed past a parked row's end are not its own
-            batch.cache.forget_last(np.array([past_end.get(row, 0) if row in parking else 0
-                                              for row in range(len(rows))]))
-        leaving = [row for row in finished if row not in parking]
-        parked.update((row, batch.forwards) for row in parking)
-        stale = [row for row, since in parked.items() if batch.forwards - since >= self.park_forwards]
+        if finished and self.prefix is not None:
+            self._remember_kv(batch, finished, past_end)
         for row in finished:
-            rows[row].done.set()
-        batch.logits = logits  # evaluated by the next step's async_eval, with that step's sampling
-        self._drop_rows(batch, leaving + stale, {**past_end, **{row: 0 for row in stale}})
-        return [rows[row] for row in finished]
-
-    def _parks(self, batch: Batch, row: int, past_end: int) -> bool:
-        """Whether a finished row stays in the cache for its conversation's next turn: it ended normally, the
-        scheduler keeps sequences (a prefix cache) and the row can be cut at its end (a recurrent state cannot; a
-        window layer must still hold every key the row's next token sees)."""
-        if not (self.prefix is not None and self.park_forwards > 0 and batch.rows[row].finish_reason in ("stop", "length")
-                and not (batch.cache.recurrent and past_end)):
-            return False
-        window = batch.cache.state.window
-        if past_end and window is not None:  # the window layers were trimmed by its position past its end
-            held_from, end = windows_from(batch.cache, [row])[0], len(batch.rows[row].prompt) + len(batch.rows[row].tokens)
-            return not held_from or end - window + 1 >= held_from
-        return True
-
-    def _drop_rows(self, batch: Batch, gone: list[int], past_end: dict[int, int] | None = None,
-                   remember: bool = True) -> None:
-        """Take rows `gone` out of `batch` (finished, or parked and no longer waited for), keeping their sequences
-        in the prefix cache (`remember`); compact the cache once its holes outnumber its real slots."""
-        if not gone:
-            return
-        if self.prefix is not None and remember:
-            self._remember_kv(batch, sorted(gone), past_end or {row: 0 for row in gone})
-        keep = [row for row in range(len(batch.rows)) if row not in set(gone)]
+            running[row].done.set()
+        done = [running[row] for row in finished]
         if not keep:
-            batch.rows, batch.parked, batch.cache, batch.logits = [], {}, None, None
-            return
-        rows = mx.array(keep)
-        batch.cache.select(rows)
-        batch.logits = batch.logits[rows]
-        batch.parked = {new: batch.parked[old] for new, old in enumerate(keep) if old in batch.parked}
-        batch.rows = [batch.rows[row] for row in keep]
-        if batch.cache.used > 2 * int(batch.cache.offset.max().item()) + 64:
-            compact(batch.cache)
-            self.counts["compactions"] += 1
+            batch.running, batch.cache, batch.logits = [], None, None
+            return done
+        if finished:
+            rows = mx.array(keep)
+            batch.cache.select(rows)
+            batch.running = [running[row] for row in keep]
+            logits = logits[rows]
+            if batch.cache.used > 2 * int(batch.cache.offset.max().item()) + 64:
+                compact(batch.cache)
+                self.counts["compactions"] += 1
+        batch.logits = logits  # evaluated by the next step's async_eval, with that step's sampling
+        return done
 
     def _remember_kv(self, batch: Batch, rows: list[int], past_end: dict[int, int]) -> None:
         """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back), copied out
@@ -366,20 +300,20 @@ class Scheduler:
         A row fed `past_end[row]` tokens past its end inside a chunk is cut at its end (no KV of other tokens);
         a recurrent state cannot be cut, so such a row of a model with recurrent layers is not kept."""
         started = time.perf_counter()
-        rows = [row for row in rows if batch.rows[row].finish_reason in ("stop", "length")
+        rows = [row for row in rows if batch.running[row].finish_reason in ("stop", "length")
                 and not (batch.cache.recurrent and past_end[row])]
         if rows:
-            kvs = rows_kv(batch.cache, rows, [len(batch.rows[row].prompt) + len(batch.rows[row].tokens)
+            kvs = rows_kv(batch.cache, rows, [len(batch.running[row].prompt) + len(batch.running[row].tokens)
                                               for row in rows], group_bytes=self.prefix.max_bytes // 4)
             mx.async_eval([shared.layers for shared in {id(s): s for _, s, _ in kvs}.values()])  # not each view
             for row, (kv, shared, index), held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
-                request = batch.rows[row]
+                request = batch.running[row]
                 self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from, shared, index)
         self.counts["remember_s"] += time.perf_counter() - started
 
     def _admit(self) -> None:
         with self.lock:
-            free = self.max_rows - len(self.running)  # parked rows give way to newcomers
+            free = self.max_rows - sum(len(b.running) for b in self.batches.values())
             admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if admitted:
             self.counts["admissions"] += 1
@@ -392,74 +326,22 @@ class Scheduler:
             if version not in self.adapters:  # forgotten between submit and admission
                 self._release(requests, f"adapter version {version} is no longer served")
                 continue
-            if version in self.batches and self.batches[version].parked:
-                requests = self._continue_parked(self.batches[version], requests)
-            if requests:
-                self._admit_batch(version, requests)
+            self._admit_batch(version, requests)
 
-    def _continue_parked(self, batch: Batch, admitted: list[Request]) -> list[Request]:
-        """Give each request whose prompt extends a parked row's sequence (its conversation's next turn) that row,
-        and prefill the new tokens of all of them into their rows in one forward (every other row fed nothing, its
-        next-token logits kept). Returns the requests that continue no parked row."""
-        parked = {}  # (length, last tokens) of each parked sequence -> its rows
-        for row in batch.parked:
-            sequence = batch.rows[row].prompt + batch.rows[row].tokens
-            parked.setdefault((len(sequence), tuple(sequence[-8:])), []).append(row)
-        lengths = sorted({n for n, _ in parked}, reverse=True)
-        continuing, rest = {}, []
-        for request in admitted:
-            prompt = request.prompt
-            for n in (n for n in lengths if n < len(prompt)):
-                rows = parked.get((n, tuple(prompt[n - 8:n])), [])
-                row = next((row for row in rows if row not in continuing
-                            and batch.rows[row].prompt + batch.rows[row].tokens == prompt[:n]), None)
-                if row is not None:
-                    continuing[row] = (request, n)
-                    break
-            else:
-                rest.append(request)
-        turns = [len(request.prompt) - n for request, n in continuing.values()]
-        if not turns or sum(turns) < self.in_place * len(batch.rows) * max(turns):  # cheaper apart (see IN_PLACE)
-            return admitted
-
-        self._load(batch.version)
-        sequences = [[] for _ in batch.rows]
-        for row, (request, n) in continuing.items():
-            sequences[row] = request.prompt[n:]
-            batch.rows[row] = request
-            del batch.parked[row]
-            request.adapter_version = batch.version
-        try:
-            logits = self.engine.prefill(batch.cache, sequences, some_rows=True)
-        except Exception as error:  # the batch's cache is half written: every request in it hears why
-            del self.batches[batch.version]
-            self._release(batch.running, f"{type(error).__name__}: {error}")
-            return rest
-        turned = np.zeros((len(batch.rows), 1), bool)
-        turned[list(continuing)] = True
-        batch.logits = mx.where(mx.array(turned), logits, batch.logits)
-        hits = sum(n for _, n in continuing.values())
-        total = sum(len(request.prompt) for request, _ in continuing.values())
-        self.prefill_tokens += total - hits
-        self.prompt_tokens += total
-        self.counts["continued"] += len(continuing)
-        self.prefix.count(len(continuing), len(continuing), total, hits)
-        return rest
-
-    def _batch_prefixes(self, batch: Batch, prompts: list[list[int]], hits: list[tuple]) -> tuple[list[tuple], set]:
-        """`hits` (the prefix cache's answers for `prompts`), each replaced by a longer prefix that a row of `batch`
-        holds (another conversation's system prompt, a group's shared first turn admitted earlier, or the parked
-        row of this conversation's last turn): its KV copied out of the batch's cache (`rows_kv`, one gather per
-        layer for them all). A recurrent layer's state cannot be cut: such a model takes a row's whole sequence
-        only. Returns the hits and the parked rows whose whole sequence a prompt took (their conversations moved
-        on: the rows can go)."""
-        recurrent, block, index = bool(batch.cache.recurrent), self.prefix.block, {}
-        sequences = [r.prompt + r.tokens for r in batch.rows]  # every token of a row is in its cache row
+    def _running_prefixes(self, batch: Batch, prompts: list[list[int]], hits: list[tuple]) -> list[tuple]:
+        """`hits` (the prefix cache's answers for `prompts`), each replaced by a longer prefix that a running row of
+        `batch` holds (a group's shared first turn whose requests came in two admissions, another conversation's
+        system prompt): its KV copied out of the batch's cache (`rows_kv`, one gather per layer for them all). Not
+        for a model with recurrent layers: a row's state is after its every token and cannot be cut back."""
+        if batch.cache.recurrent:
+            return hits
+        block, index = self.prefix.block, {}
+        sequences = [r.prompt + r.tokens for r in batch.running]  # every token of a running row is in its cache row
         known = self._row_chains.get(batch.version, {})  # a row's chains so far: extended, not hashed again
         self._row_chains[batch.version] = chains = {
             id(r): (r, block_chain(sequence, block, known[id(r)][1] if known.get(id(r), (None,))[0] is r else None))
-            for r, sequence in zip(batch.rows, sequences)}
-        for row, request in enumerate(batch.rows):  # chain hash of a row's first blocks -> the row
+            for r, sequence in zip(batch.running, sequences)}
+        for row, request in enumerate(batch.running):  # chain hash of a row's first blocks -> the row
             for chain in chains[id(request)][1]:
                 index.setdefault(chain, row)
         found = {}  # prompt -> (row, tokens of it the row holds)
@@ -472,36 +354,20 @@ class Scheduler:
             sequence, n, limit = sequences[row], (k + 1) * block, len(prompt) - 1
             while n < min(len(sequence), limit) and sequence[n] == prompt[n]:  # hashes chose it; the ids decide
                 n += 1
-            if n > hits[i][0] and sequence[:n] == prompt[:n] and (not recurrent or n == len(sequence)):
+            if n > hits[i][0] and sequence[:n] == prompt[:n]:
                 found[i] = (row, n)
         if not found:
-            return hits, set()
+            return hits
         rows = [row for row, _ in found.values()]
         kvs = rows_kv(batch.cache, rows, [n for _, n in found.values()])
-        hits, taken = list(hits), set()
+        hits = list(hits)
         for (i, (row, n)), (kv, shared, index), held_from in zip(found.items(), kvs, windows_from(batch.cache, rows)):
             if held_from and n - batch.cache.state.window + 1 < held_from:
                 continue  # its window layers no longer hold keys the resumed row would see
-            self.prefix.count(hits=0 if hits[i][0] else 1, hit_tokens=n - hits[i][0])
+            self.prefix.count_hit(not hits[i][0], n - hits[i][0])
             hits[i] = (n, Prefix(kv, held_from, shared, index))
-            self.counts["batch_prefixes"] += 1
-            if row in batch.parked and n == len(sequences[row]):
-                taken.add(row)
-        return hits, taken
-
-    def _make_room(self, newcomers: int) -> None:
-        """Free rows for `newcomers` new ones: the rows parked longest go (to the prefix cache) first."""
-        over = sum(len(batch.rows) for batch in self.batches.values()) + newcomers - self.max_rows
-        if over <= 0:
-            return
-        waited = sorted((batch.forwards - since, version, row) for version, batch in self.batches.items()
-                        for row, since in batch.parked.items())[::-1][:over]
-        for version in {version for _, version, _ in waited}:
-            batch = self.batches[version]
-            gone = [row for _, v, row in waited if v == version]
-            self._drop_rows(batch, gone, {row: 0 for row in gone})
-            if not batch.rows:
-                del self.batches[version]
+            self.counts["running_prefixes"] += 1
+        return hits
 
     def _admit_batch(self, version: int, admitted: list[Request]) -> None:
         """Prefill `admitted` under adapter `version` and join them to that version's batch. A prompt that
@@ -515,10 +381,7 @@ class Scheduler:
             prompts = [list(p) for p in unique]
             hits = [self.prefix.lookup(version, p) if self.prefix is not None else (0, None) for p in prompts]
             if self.prefix is not None and version in self.batches:
-                batch = self.batches[version]
-                hits, taken = self._batch_prefixes(batch, prompts, hits)
-                self._drop_rows(batch, sorted(taken), remember=False)  # copied out: their turns go on in new rows
-            self._make_room(len(admitted))
+                hits = self._running_prefixes(self.batches[version], prompts, hits)
             side = self.engine.new_cache(len(prompts))  # (refuses a model whose layers it cannot cache)
             if any(n for n, _ in hits):
                 side = cache_with_prefixes(side, [kv for _, kv in hits])
@@ -541,7 +404,7 @@ class Scheduler:
         else:
             batch.cache = join_caches(batch.cache, side)
             batch.logits = mx.concatenate([batch.logits, logits], axis=0)  # evaluated by the next step
-        batch.rows.extend(admitted)
+        batch.running.extend(admitted)
 
     def run_forever(self, stop: threading.Event) -> None:
         """The scheduler's thread: step while there is work, sleep until a request arrives. A step that

@@ -41,31 +41,6 @@ def test_ragged_cache_matches_full_forward(policy):
     assert all(layer.keys.shape[0] == 3 for layer in cache.layers)
 
 
-def test_forgetting_a_rows_last_tokens_gives_the_logits_of_its_sequence_without_them(policy):
-    """`forget_last`: rows fed tokens past their end forget them (a decode chunk); slots every row forgets are
-    given back (a cache whose rows forget alike stays dense), the rest become holes; what follows is exact."""
-    model, _ = policy
-    rng = np.random.default_rng(1)
-    prompts, extra, after = _chunks(rng, (6, 6)), _chunks(rng, (3, 3)), _chunks(rng, (2, 4))
-    fn = lambda x, c: model(x, cache=c)  # noqa: E731
-    cache = make_ragged_cache(model, 2, block=4)
-    cache.forward(fn, mx.array(prompts), np.array([6, 6]))
-    for step in range(3):
-        cache.forward(fn, mx.array([[extra[0][step]], [extra[1][step]]]), np.array([1, 1]))
-    cache.forget_last(np.array([2, 2]))
-    assert cache.used == 7 and cache.state.dense and cache.offset.tolist() == [7, 7]
-    cache.forget_last(np.array([1, 0]))  # row 0 alone: a hole
-    assert cache.used == 7 and not cache.state.dense and cache.offset.tolist() == [6, 7]
-    width = max(map(len, after))
-    padded = np.zeros((2, width), np.int32)
-    for i, c in enumerate(after):
-        padded[i, : len(c)] = c
-    out = cache.forward(fn, mx.array(padded), np.array([len(c) for c in after]))
-    for i, kept in enumerate((prompts[0], prompts[1] + extra[1][:1])):
-        expected = model(mx.array([kept + after[i]]))[0, -len(after[i]):]
-        np.testing.assert_allclose(np.array(out[i, : len(after[i])]), np.array(expected), atol=2e-4, rtol=1e-4)
-
-
 def test_prefill_returns_last_position_logits_in_any_chunking(policy):
     """Logits only at each row's last token, equal to the full model's, whether prefill is chunked or not."""
     model, _ = policy

@@ -42,47 +42,6 @@ def test_turns_that_extend_a_finished_sequence_prefill_only_their_new_tokens(pol
     assert_greedy_and_exact(model, inner)
 
 
-def test_parked_rows_take_their_next_turns_in_place_while_others_decode(policy):
-    """Finished requests' rows stay in the batch (parked, fed nothing) while the others decode; their
-    conversations' next turns, arriving together, are prefilled into them in place, and every row's tokens are
-    the ones its sequence gets alone. A turn arriving alone in a larger batch goes apart (a forward over every row
-    would be mostly waste): its parked row's KV is copied out for it and the row goes. A row parked
-    `park_forwards` decode forwards leaves for the prefix cache; when rows run out, newcomers take the place of
-    the rows parked longest, whose sequences go to the prefix cache too."""
-    model, _ = policy
-    rng = np.random.default_rng(5)
-    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=64 << 20, decode_chunk=1, park_forwards=12)
-    shorts, long = [Request(prompt(rng, 20), 3, 0.0) for _ in range(3)], Request(prompt(rng, 9), 40, 0.0)
-    for request in (*shorts, long):
-        scheduler.submit(request)
-    while not all(r.done.is_set() for r in shorts):
-        scheduler.step()
-    assert scheduler.parked_rows == 3 and not scheduler.prefix.entries and scheduler.busy
-    scheduler.step()
-    turns = [scheduler.submit(Request(r.prompt + r.tokens + prompt(rng, 4), 5, 0.0)) for r in shorts]
-    prefilled, used = scheduler.prefill_tokens, scheduler.batches[0].cache.used
-    scheduler.step()
-    assert scheduler.counts["continued"] == 3 and scheduler.prefill_tokens == prefilled + 3 * 4
-    assert scheduler.batches[0].cache.rows == 4 and scheduler.batches[0].cache.used == used + 4 + 1
-    while not all(r.done.is_set() for r in turns):
-        scheduler.step()
-    alone = scheduler.submit(Request(turns[0].prompt + turns[0].tokens + prompt(rng, 4), 5, 0.0))
-    prefilled, taken = scheduler.prefill_tokens, scheduler.counts["batch_prefixes"]
-    scheduler.step()
-    assert scheduler.counts["continued"] == 3 and scheduler.counts["batch_prefixes"] == taken + 1
-    assert scheduler.prefill_tokens == prefilled + 4 and scheduler.batches[0].cache.rows == 4 and scheduler.parked_rows == 2
-    batch = scheduler.batches[0]
-    while not long.done.is_set():
-        scheduler.step()
-        assert all(batch.forwards - since < 12 for since in batch.parked.values())  # none waits 12 forwards
-    assert len(scheduler.prefix.entries) == 3 and scheduler.parked_rows == 1  # turns[1:] and alone left; long parked
-    newcomers = [Request(prompt(rng, 7), 2, 0.0) for _ in range(4)]  # need every row: the parked ones go
-    run(scheduler, {0: newcomers})
-    assert len(scheduler.prefix.entries) == 4 and scheduler.parked_rows == 4
-    for request in (*shorts, long, *turns, alone, *newcomers):
-        assert_greedy_and_exact(model, request)
-
-
 def test_a_prompt_starting_like_a_running_row_copies_that_rows_kv(policy):
     """A group's shared first turn whose requests arrive in two admissions: the later ones start from the KV of
     a row still decoding (its prompt's slots copied out of the batch's cache), not from a full prefill."""
@@ -95,7 +54,7 @@ def test_a_prompt_starting_like_a_running_row_copies_that_rows_kv(policy):
         scheduler.step()
     late = [scheduler.submit(Request(list(shared), 12, 1.0)) for _ in range(2)]
     scheduler.step()
-    assert scheduler.prefill_tokens == 40 + 1 and scheduler.counts["batch_prefixes"] == 1
+    assert scheduler.prefill_tokens == 40 + 1 and scheduler.counts["running_prefixes"] == 1
     while scheduler.busy:
         scheduler.step()
     for request in (first, *late):
@@ -139,12 +98,11 @@ def test_a_new_adapter_never_reuses_the_old_ones_kv(policy):
 def test_a_small_budget_evicts_least_recently_used_and_stays_exact(policy):
     model, _ = policy
     rng = np.random.default_rng(4)
-    probe = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=64 << 20, park_forwards=0)
+    probe = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=64 << 20)
     one = Request(prompt(rng, 40), 8, 0.0)
     run(probe, {0: [one]})
     entry_bytes = probe.prefix.nbytes
-    # finished rows leave the batch at once (not parked): the prefix cache alone keeps them
-    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=int(entry_bytes * 1.5), park_forwards=0)
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=int(entry_bytes * 1.5))
     requests = [Request(prompt(rng, 40), 8, 0.0) for _ in range(3)]
     for request in requests:
         run(scheduler, {0: [request]})

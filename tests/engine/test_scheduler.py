@@ -197,31 +197,22 @@ def test_a_chunk_of_decode_steps_ends_each_request_where_single_steps_do(policy)
     assert scheduler.decode_forwards == 20  # 8 + 8 + 5, the last one feeding no running row
 
 
-@pytest.mark.parametrize("park_forwards", [0, 64])
-def test_sequences_that_end_inside_a_chunk_are_remembered_up_to_their_end(policy, park_forwards):
-    """A row fed past its end inside a chunk is kept cut at its end (no KV of tokens that are not its own): in the
-    prefix cache, or parked in the batch's cache (its extra slots holes, its position back at its end); the next
-    turn that extends it finds all of it and decodes exactly as a fresh prefill would."""
+def test_sequences_that_end_inside_a_chunk_are_remembered_up_to_their_end(policy):
+    """A row fed past its end inside a chunk is kept in the prefix cache cut at its end (no KV of tokens that
+    are not its own), and the next turn that extends it finds all of it and decodes exactly as a fresh prefill
+    would."""
     model, _ = policy
     rng = np.random.default_rng(6)
-    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=8, prefix_cache_bytes=64 << 20,
-                          park_forwards=park_forwards)
+    scheduler = Scheduler(Engine(model), max_rows=8, decode_chunk=8, prefix_cache_bytes=64 << 20)
     first = [Request([int(t) for t in rng.integers(6, 100, size=30)], n, 0.0) for n in (3, 5, 13)]
     run(scheduler, {0: first})
     assert scheduler.prefix.hits == 0
     entries = list(scheduler.prefix.entries.values())
-    if park_forwards:
-        assert not entries and scheduler.parked_rows == 3 and not scheduler.busy
-        batch = scheduler.batches[0]
-        assert np.array(batch.cache.offset).tolist() == [len(r.prompt) + len(r.tokens) for r in batch.rows]
-        assert np.array(batch.cache.state.valid.sum(axis=1)).tolist() == np.array(batch.cache.offset).tolist()
-    else:
-        assert len(entries) == 3 and all(kv[0].shape[1] == len(entry.tokens) for entry in entries for kv in entry.kv)
+    assert len(entries) == 3 and all(kv[0].shape[1] == len(entry.tokens) for entry in entries for kv in entry.kv)
     second = [Request(r.prompt + r.tokens + [11, 12, 13, 14], 9, 0.0) for r in first]
     prefilled = scheduler.prefill_tokens
     run(scheduler, {0: second})
     assert scheduler.prefix.hits == 3 and scheduler.prefill_tokens == prefilled + 3 * 4
-    assert scheduler.counts["continued"] == (3 if park_forwards else 0)
     for request in second:
         assert_greedy_and_exact(model, request)
 

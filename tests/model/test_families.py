@@ -179,15 +179,13 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     assert refused.returncode != 0 and "ArraysCache" in refused.stderr and "Traceback" not in refused.stderr
 
 
-@pytest.mark.parametrize("park_forwards", [0, 64])
 @pytest.mark.parametrize("decode_chunk", [1, 8])
 @pytest.mark.parametrize("family", ["gemma3_text", "qwen3_5", "lfm2", "gemma4_text"])
-def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family, decode_chunk, park_forwards):
+def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family, decode_chunk):
     """Continuous batching on Gemma 3 (window 8) and the recurrent hybrids: requests joining midway, a
-    long prompt's holes compacted (rows leaving at once), a follow-up turn starting from the prefix cache or
-    from its parked row (for a recurrent model, from the state after the whole earlier sequence); each greedy
-    sequence is the one it gets alone from mlx-lm's forward, in single decode steps and in chunks of 8 (rows fed
-    past their end inside a chunk)."""
+    long prompt's holes compacted, a follow-up turn starting from the prefix cache (for a recurrent model,
+    from the state after the whole earlier sequence); each greedy sequence is the one it gets alone from
+    mlx-lm's forward, in single decode steps and in chunks of 8 (rows fed past their end inside a chunk)."""
     from artmlx.engine.generate import Engine
     from artmlx.engine.scheduler import Request, Scheduler
     from tests.engine.test_scheduler import assert_greedy_and_exact, run
@@ -195,24 +193,17 @@ def test_rows_join_leave_compact_and_hit_the_prefix_cache(folders, family, decod
     model, _, _ = load_policy(str(folders[family]), LoraSpec(rank=4))
     rng = np.random.default_rng(1)
     prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
-    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=decode_chunk,
-                          park_forwards=park_forwards)
+    scheduler = Scheduler(Engine(model), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=decode_chunk)
     arrivals = {0: [Request(prompt(5), 14, 0.0), Request(prompt(12), 4, 0.0)],
                 3: [Request(prompt(90), 3, 0.0), Request(prompt(2), 20, 0.0)], 6: [Request(prompt(9), 9, 0.0)]}
     run(scheduler, arrivals)
     first = [r for rs in arrivals.values() for r in rs]
-    follow = [Request(r.prompt + r.tokens + prompt(6), 10, 0.0) for r in first]  # every conversation's next turn
-    parked = [scheduler.batches[0].rows[row] for row in scheduler.batches[0].parked] if scheduler.batches else []
-    in_parked = [any(r is p for p in parked) for r in first]
-    assert any(in_parked) == bool(park_forwards)
-    # the parked conversations' turns together (prefilled into their rows in place, the others fed nothing)
-    run(scheduler, {0: [f for f, here in zip(follow, in_parked) if here]})
-    run(scheduler, {0: [f for f, here in zip(follow, in_parked) if not here]})
-    assert scheduler.prefix.stats["prefix_hits"] >= 1
-    assert scheduler.counts["continued" if park_forwards else "compactions"] >= 1
+    follow = Request(first[0].prompt + first[0].tokens + prompt(6), 10, 0.0)
+    run(scheduler, {0: [follow]})
+    assert scheduler.counts["compactions"] >= 1 and scheduler.prefix.stats["prefix_hits"] >= 1
     # by default a recurrent model steps singly (its rows' states cannot be cut back to an end inside a chunk)
     assert Scheduler(Engine(model)).decode_chunk == (1 if family in ("qwen3_5", "lfm2") else 8)
-    for request in first + follow:
+    for request in first + [follow]:
         assert request.finish_reason == "length"
         assert_greedy_and_exact(model, request)
 
