@@ -6,7 +6,7 @@
 # (arms 0 and 64, and the four serving workloads) ran this script before `64:0` and the 1-conversation passes
 # were added: ARMS and SERVE below select what runs.
 # Parked rows lost in both calls and were taken out of the scheduler afterwards: this script needs the code of commit
-# f5a1a0f (first call) or 56d6933 (second call), where `agent_turns.py --park-forwards` exists.
+# f5a1a0f (first call) or fae8823 (second call), where `agent_turns.py --park-forwards` exists.
 #   bash benchmarks/device/issue19_parked_rows.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05

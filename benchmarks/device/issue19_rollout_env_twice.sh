@@ -1,11 +1,12 @@
 # 2026-12-04 (seventh session) on the H200: `artmlx run --actors 1`, --rollout against --env on the 0.5B 4-turn
 # workload (16 x 8, chunks of 8), twice in one call (env, rollout, env, rollout), to see the run-to-run spread of
 # the ratio that issue 19 targets (<= 1.15x); the last single measurement was 1.69x, the one before 1.35x.
+# TAG names the result files of a later call (the eighth session's: TAG=-dec04b, after running-row prefixes).
 #   bash benchmarks/device/issue19_rollout_env_twice.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
 for pass in 1 2; do
   step agent-pipeline-$pass 250 python3 benchmarks/agent_turns.py --model /tmp/q05 --pipeline-only --steps 3 \
-    --decode-chunks 8 --json $OUT/agent-pipeline-0.5b-h200-pass$pass.json
+    --decode-chunks 8 --json $OUT/agent-pipeline-0.5b-h200${TAG}-pass$pass.json
 done
 save_ptx
