@@ -346,11 +346,11 @@ class Scheduler:
                 index.setdefault(chain, row)
         found = {}  # prompt -> (row, tokens of it the row holds)
         for i, prompt in enumerate(prompts):
-            chains = block_chain(prompt[:-1], block)
-            k = next((k for k in range(len(chains) - 1, -1, -1) if chains[k] in index), None)
+            blocks = block_chain(prompt[:-1], block)
+            k = next((k for k in range(len(blocks) - 1, -1, -1) if blocks[k] in index), None)
             if k is None:
                 continue
-            row = index[chains[k]]
+            row = index[blocks[k]]
             sequence, n, limit = sequences[row], (k + 1) * block, len(prompt) - 1
             while n < min(len(sequence), limit) and sequence[n] == prompt[n]:  # hashes chose it; the ids decide
                 n += 1
@@ -361,11 +361,11 @@ class Scheduler:
         rows = [row for row, _ in found.values()]
         kvs = rows_kv(batch.cache, rows, [n for _, n in found.values()])
         hits = list(hits)
-        for (i, (row, n)), (kv, shared, index), held_from in zip(found.items(), kvs, windows_from(batch.cache, rows)):
+        for (i, (row, n)), (kv, shared, member), held_from in zip(found.items(), kvs, windows_from(batch.cache, rows)):
             if held_from and n - batch.cache.state.window + 1 < held_from:
                 continue  # its window layers no longer hold keys the resumed row would see
             self.prefix.count_hit(not hits[i][0], n - hits[i][0])
-            hits[i] = (n, Prefix(kv, held_from, shared, index))
+            hits[i] = (n, Prefix(kv, held_from, shared, member))
             self.counts["running_prefixes"] += 1
         return hits
 
