@@ -136,3 +136,28 @@ def test_compaction_after_window_layers_dropped_slots_keeps_every_row_exact(fold
     for request in [r for rs in arrivals.values() for r in rs]:
         assert request.finish_reason == "length"
         assert_greedy_and_exact(model, request)
+
+
+def test_a_prompt_starting_like_a_running_row_uses_its_window_keys_only_where_held(folders):
+    """A new prompt that extends a decoding row's whole sequence on Gemma 3 (window 8, 4-slot blocks) starts from
+    that row's KV, copied out of the running batch after its window layers dropped old slots; one that shares only
+    the row's first positions, whose window keys are gone, is prefilled in full. Both are exact."""
+    from artmlx.engine.generate import Engine
+    from artmlx.engine.scheduler import Request, Scheduler
+    from tests.engine.test_scheduler import assert_greedy_and_exact, run
+
+    model, _, _ = load_policy(str(folders["gemma3_text"]), LoraSpec(rank=4))
+    rng = np.random.default_rng(5)
+    prompt = lambda n: rng.integers(3, 100, n).tolist()  # noqa: E731
+    scheduler = Scheduler(Engine(model, cache_block=4), max_rows=4, prefix_cache_bytes=1 << 24, decode_chunk=1)
+    long = scheduler.submit(Request(prompt(20), 40, 0.0))  # a whole 16-token block to share
+    for _ in range(30):
+        scheduler.step()
+    assert scheduler.batches[0].cache.state.window_base > 0
+    whole = Request(long.prompt + long.tokens + prompt(3), 5, 0.0)
+    early = Request(long.prompt + long.tokens[:2] + prompt(3), 5, 0.0)  # its window would need keys now gone
+    prefilled = scheduler.prefill_tokens
+    run(scheduler, {0: [whole, early]})
+    assert scheduler.counts["running_prefixes"] == 1 and scheduler.prefill_tokens == prefilled + 3 + len(early.prompt)
+    for request in (long, whole, early):
+        assert_greedy_and_exact(model, request)
