@@ -43,10 +43,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..model.policy import adapter_weights, conform_adapter_weights
-from .cache_rows import cache_with_prefixes, compact, join_caches, rows_kv, windows_from
+from .cache_rows import cache_with_prefixes, compact, join_caches
 from .generate import Engine
-from .prefix_cache import Prefix, block_chain
 from .request import Batch, Request
+from .row_prefixes import RowPrefixes, keep_finished_rows
 from .sampling import sample
 
 __all__ = ["BASE_VERSION", "Request", "Scheduler"]
@@ -65,7 +65,7 @@ class Scheduler:
         self.engine, self.decode_chunk = engine, decode_chunk or (1 if engine.parts.recurrent else DECODE_CHUNK)
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self._row_chains: dict[int, dict] = {}  # by version: id(request) -> (request, its block chain hashes)
+        self.row_prefixes = RowPrefixes(self.prefix.block if self.prefix is not None else 16)
         # prompt tokens actually prefilled (after prefix hits and shared prompts), and of every admitted request
         self.prefill_tokens = self.prompt_tokens = 0
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
@@ -196,7 +196,7 @@ class Scheduler:
         with self.lock:
             asked = {r.version for r in self.waiting}
         needed = {self.adapter_version, *self.batches, *self.kept, *self.holds, *asked}
-        self._row_chains = {v: chains for v, chains in self._row_chains.items() if v in self.batches}
+        self.row_prefixes.forget_except(self.batches)
         for version in [v for v in self.adapters if v not in needed]:
             del self.adapters[version]
             if self.prefix is not None:
@@ -294,21 +294,8 @@ class Scheduler:
         return done
 
     def _remember_kv(self, batch: Batch, rows: list[int], past_end: dict[int, int]) -> None:
-        """Keep the KV of requests that ended normally (prompt and every sampled token, all fed back), copied out
-        together (`rows_kv`: one gather per layer, a quarter of the prefix cache at most), queued and not waited for:
-        they read this step's forward, and waiting would leave the device idle while the host builds the next step.
-        A row fed `past_end[row]` tokens past its end inside a chunk is cut at its end (no KV of other tokens);
-        a recurrent state cannot be cut, so such a row of a model with recurrent layers is not kept."""
         started = time.perf_counter()
-        rows = [row for row in rows if batch.running[row].finish_reason in ("stop", "length")
-                and not (batch.cache.recurrent and past_end[row])]
-        if rows:
-            kvs = rows_kv(batch.cache, rows, [len(batch.running[row].prompt) + len(batch.running[row].tokens)
-                                              for row in rows], group_bytes=self.prefix.max_bytes // 4)
-            mx.async_eval([shared.layers for shared in {id(s): s for _, s, _ in kvs}.values()])  # not each view
-            for row, (kv, shared, index), held_from in zip(rows, kvs, windows_from(batch.cache, rows)):
-                request = batch.running[row]
-                self.prefix.insert(batch.version, request.prompt + request.tokens, kv, held_from, shared, index)
+        keep_finished_rows(self.prefix, batch, rows, past_end)
         self.counts["remember_s"] += time.perf_counter() - started
 
     def _admit(self) -> None:
@@ -328,47 +315,6 @@ class Scheduler:
                 continue
             self._admit_batch(version, requests)
 
-    def _running_prefixes(self, batch: Batch, prompts: list[list[int]], hits: list[tuple]) -> list[tuple]:
-        """`hits` (the prefix cache's answers for `prompts`), each replaced by a longer prefix that a running row of
-        `batch` holds (a group's shared first turn whose requests came in two admissions, another conversation's
-        system prompt): its KV copied out of the batch's cache (`rows_kv`, one gather per layer for them all). Not
-        for a model with recurrent layers: a row's state is after its every token and cannot be cut back."""
-        if batch.cache.recurrent:
-            return hits
-        block, index = self.prefix.block, {}
-        sequences = [r.prompt + r.tokens for r in batch.running]  # every token of a running row is in its cache row
-        known = self._row_chains.get(batch.version, {})  # a row's chains so far: extended, not hashed again
-        self._row_chains[batch.version] = chains = {
-            id(r): (r, block_chain(sequence, block, known[id(r)][1] if known.get(id(r), (None,))[0] is r else None))
-            for r, sequence in zip(batch.running, sequences)}
-        for row, request in enumerate(batch.running):  # chain hash of a row's first blocks -> the row
-            for chain in chains[id(request)][1]:
-                index.setdefault(chain, row)
-        found = {}  # prompt -> (row, tokens of it the row holds)
-        for i, prompt in enumerate(prompts):
-            blocks = block_chain(prompt[:-1], block)
-            k = next((k for k in range(len(blocks) - 1, -1, -1) if blocks[k] in index), None)
-            if k is None:
-                continue
-            row = index[blocks[k]]
-            sequence, n, limit = sequences[row], (k + 1) * block, len(prompt) - 1
-            while n < min(len(sequence), limit) and sequence[n] == prompt[n]:  # hashes chose it; the ids decide
-                n += 1
-            if n > hits[i][0] and sequence[:n] == prompt[:n]:
-                found[i] = (row, n)
-        if not found:
-            return hits
-        rows = [row for row, _ in found.values()]
-        kvs = rows_kv(batch.cache, rows, [n for _, n in found.values()])
-        hits = list(hits)
-        for (i, (row, n)), (kv, shared, member), held_from in zip(found.items(), kvs, windows_from(batch.cache, rows)):
-            if held_from and n - batch.cache.state.window + 1 < held_from:
-                continue  # its window layers no longer hold keys the resumed row would see
-            self.prefix.count_hit(not hits[i][0], n - hits[i][0])
-            hits[i] = (n, Prefix(kv, held_from, shared, member))
-            self.counts["running_prefixes"] += 1
-        return hits
-
     def _admit_batch(self, version: int, admitted: list[Request]) -> None:
         """Prefill `admitted` under adapter `version` and join them to that version's batch. A prompt that
         extends a cached sequence starts from its KV and prefills only the rest; identical prompts (the n
@@ -380,8 +326,12 @@ class Scheduler:
                 unique.setdefault(tuple(request.prompt), len(unique))
             prompts = [list(p) for p in unique]
             hits = [self.prefix.lookup(version, p) if self.prefix is not None else (0, None) for p in prompts]
-            if self.prefix is not None and version in self.batches:
-                hits = self._running_prefixes(self.batches[version], prompts, hits)
+            if self.prefix is not None and version in self.batches:  # a running row may hold more of a prompt
+                found = self.row_prefixes.find(self.batches[version], prompts, [n for n, _ in hits])
+                for i, (n, prefix) in found.items():
+                    self.prefix.count_hit(not hits[i][0], n - hits[i][0])
+                    hits[i] = (n, prefix)
+                    self.counts["running_prefixes"] += 1
             side = self.engine.new_cache(len(prompts))  # (refuses a model whose layers it cannot cache)
             if any(n for n, _ in hits):
                 side = cache_with_prefixes(side, [kv for _, kv in hits])
