@@ -48,6 +48,20 @@ def block_chain(tokens: list[int], block: int, known: list[int] | None = None) -
     return out
 
 
+def shared_length(tokens: list[int], prompt: list[int], limit: int) -> int:
+    """How many first tokens `tokens` and `prompt` share, at most `limit`."""
+    n, limit = 0, min(limit, len(tokens), len(prompt))
+    while n < limit and tokens[n] == prompt[n]:
+        n += 1
+    return n
+
+
+def window_held(window: int | None, window_from: int, n: int) -> bool:
+    """Whether a row resumed at position n, whose sliding-window layers hold keys from position `window_from` on,
+    finds real keys at every position those layers see (n - window + 1 onwards)."""
+    return not window_from or n - window + 1 >= window_from
+
+
 class Prefix(list):
     """A hit: per-layer arrays as `cache_rows.rows_kv` gives them, and `window_from`, the first position whose keys
     the sliding-window layers hold (earlier ones are zeros: they had been dropped before the entry was kept); if
@@ -135,11 +149,8 @@ class PrefixCache:
             return 0, None
         entry = self.entries[found]
         self._touch(found)
-        limit = min(len(entry.tokens), len(prompt) - 1)
-        n = 0
-        while n < limit and entry.tokens[n] == prompt[n]:  # hashes chose it; the ids decide
-            n += 1
-        if n == 0 or not self._window_held(entry, n):
+        n = shared_length(entry.tokens, prompt, len(prompt) - 1)  # hashes chose it; the ids decide
+        if n == 0 or not window_held(self.window, entry.window_from, n):
             return 0, None
         self.hits += 1
         self.hit_tokens += n
@@ -151,17 +162,12 @@ class PrefixCache:
         self.hits += int(new_hit)
         self.hit_tokens += tokens
 
-    def _window_held(self, entry: Entry, n: int) -> bool:
-        """Whether a row resumed at position n finds real keys at every position its window layers see
-        (n - window + 1 onwards)."""
-        return not entry.window_from or n - self.window + 1 >= entry.window_from
-
     def _lookup_whole(self, version: int, prompt: list[int]):
         lengths = sorted((n for v, n in self.ends if v == version and self.block <= n < len(prompt)), reverse=True)
         for n in lengths:
             ident = self.ends[(version, n)].get(hash(tuple(prompt[:n])))
             if (ident is not None and self.entries[ident].tokens == prompt[:n]  # the hash chose it; the ids decide
-                    and self._window_held(self.entries[ident], n)):
+                    and window_held(self.window, self.entries[ident].window_from, n)):
                 self._touch(ident)
                 self.hits += 1
                 self.hit_tokens += n

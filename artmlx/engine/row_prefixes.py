@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache_rows import rows_kv, windows_from
-from .prefix_cache import Prefix, PrefixCache, block_chain
+from .prefix_cache import Prefix, PrefixCache, block_chain, shared_length, window_held
 from .request import Batch
 
 
@@ -61,20 +61,16 @@ class RowPrefixes:
             if k is None:
                 continue
             row = index[blocks[k]]
-            sequence, n, limit = sequences[row], (k + 1) * self.block, len(prompt) - 1
-            while n < min(len(sequence), limit) and sequence[n] == prompt[n]:  # hashes chose it; the ids decide
-                n += 1
-            if n > longer_than[i] and sequence[:n] == prompt[:n]:
+            n = shared_length(sequences[row], prompt, len(prompt) - 1)  # hashes chose it; the ids decide
+            if n > longer_than[i]:
                 found[i] = (row, n)
         if not found:
             return {}
         rows = [row for row, _ in found.values()]
-        out, window = {}, batch.cache.state.window
-        kvs = rows_kv(batch.cache, rows, [n for _, n in found.values()])
-        for (i, (_, n)), (kv, shared, member), held_from in zip(found.items(), kvs, windows_from(batch.cache, rows)):
-            if not held_from or n - window + 1 >= held_from:  # its window layers hold every key the prompt sees
-                out[i] = (n, Prefix(kv, held_from, shared, member))
-        return out
+        kvs, held = rows_kv(batch.cache, rows, [n for _, n in found.values()]), windows_from(batch.cache, rows)
+        return {i: (n, Prefix(kv, held_from, shared, member))
+                for (i, (_, n)), (kv, shared, member), held_from in zip(found.items(), kvs, held)
+                if window_held(batch.cache.state.window, held_from, n)}
 
     def forget_except(self, versions) -> None:
         """Drop the rows' hashes of versions that have no batch any more."""

@@ -65,7 +65,7 @@ class Scheduler:
         self.engine, self.decode_chunk = engine, decode_chunk or (1 if engine.parts.recurrent else DECODE_CHUNK)
         # KV of finished sequences, by adapter version: a prompt that extends one prefills only the rest
         self.prefix = engine.new_prefix_cache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.row_prefixes = RowPrefixes(self.prefix.block if self.prefix is not None else 16)
+        self.row_prefixes = RowPrefixes(self.prefix.block) if self.prefix is not None else None
         # prompt tokens actually prefilled (after prefix hits and shared prompts), and of every admitted request
         self.prefill_tokens = self.prompt_tokens = 0
         # where a scheduler's time goes (what benchmarks report): admissions and their rows, decode rows and
@@ -196,7 +196,8 @@ class Scheduler:
         with self.lock:
             asked = {r.version for r in self.waiting}
         needed = {self.adapter_version, *self.batches, *self.kept, *self.holds, *asked}
-        self.row_prefixes.forget_except(self.batches)
+        if self.row_prefixes is not None:
+            self.row_prefixes.forget_except(self.batches)
         for version in [v for v in self.adapters if v not in needed]:
             del self.adapters[version]
             if self.prefix is not None:
