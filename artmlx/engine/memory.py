@@ -12,7 +12,8 @@ Sizing rules (all in `MemoryPlan`):
   layers x 2 (keys, values) x KV heads x head dim x activation bytes, and a row's slots are its
   longest transcript (`max_episode_tokens` + one reply) plus room for padding, plus its decode
   workspace: sampling holds about ten float32 copies of the row's distribution over the vocabulary
-  (logits, tempered logits, exponentials, logprobs, uniform and Gumbel noise; 6 MB a row for Qwen).
+  (logits, tempered logits, exponentials, logprobs, uniform and Gumbel noise; 6 MB a row for Qwen;
+  measured at its peak on the CPU: 12 bytes an entry with Gumbel-max, 16 with its inverse-CDF draw).
   Rows that fit are `KV_SHARE` of what the weights leave. Sliding-window layers hold at most their
   window plus `WINDOW_SLACK` slots (the ragged cache drops older ones, `engine/cache.py`); recurrent
   layers hold a state per row instead; Gemma 4's KV-shared layers hold nothing.

@@ -64,3 +64,30 @@ def test_the_plain_path_draws_from_the_tempered_distribution():
     out = sample(mx.array(logits), np.ones(4000, np.float32), mx.random.key(3))
     np.testing.assert_allclose(np.bincount(np.array(out.tokens), minlength=3) / 4000, [0.5, 0.3, 0.2], atol=0.03)
     np.testing.assert_allclose(np.array(out.logprobs), np.log([0.5, 0.3, 0.2])[np.array(out.tokens)], atol=1e-6)
+
+
+def test_draws_and_logprobs_are_exact_at_a_real_vocabulary():
+    """Qwen's 151,936 entries: on the CPU backend the draw is by inverse CDF over a float64 running sum; the
+    masses drawn match the distribution, a token of probability 0 is never drawn, and the logprobs are the
+    learner's (`picked - mx.logsumexp`, learner/grpo.py). Both sum float32 in order on the CPU, which here puts
+    them 2.1e-3 below a float64 log-softmax: 150 k small terms after a large one each lose a rounding."""
+    vocab, rows = 151936, 32
+    probs = np.full(vocab, 0.2 / (vocab - 1011), np.float64)
+    probs[7] = 0.5
+    probs[100_000:101_000] = 0.3 / 1000
+    probs[[3, 150_000, vocab - 1]] = 0.0
+    logits = np.where(probs > 0, np.log(np.where(probs > 0, probs, 1.0)) + 1.7, -np.inf).astype(np.float32)
+    drawn = []
+    for step in range(40):
+        out = sample(mx.array(np.repeat(logits[None], rows, axis=0)), np.ones(rows, np.float32), mx.random.key(step))
+        tokens = np.array(out.tokens)
+        learner = np.array(mx.array(logits) - mx.logsumexp(mx.array(logits)))
+        np.testing.assert_allclose(np.array(out.logprobs), learner[tokens], atol=1e-6)
+        exact = logits.astype(np.float64) - np.logaddexp.reduce(logits.astype(np.float64))
+        np.testing.assert_allclose(np.array(out.logprobs), exact[tokens], atol=3e-3)
+        drawn += tokens.tolist()
+    drawn = np.array(drawn)
+    assert not np.isin(drawn, [3, 150_000, vocab - 1]).any()
+    masses = [(drawn == 7).mean(), ((drawn >= 100_000) & (drawn < 101_000)).mean()]
+    np.testing.assert_allclose(masses, [0.5, 0.3], atol=0.05)
+    assert len(set(drawn[(drawn != 7) & ((drawn < 100_000) | (drawn >= 101_000))])) > 150  # the tail is drawn too
