@@ -15,7 +15,8 @@ queues between two host reads (`Scheduler.decode_chunk`), alternated.
 
 Part 2 (`--pipeline`): `artmlx run --actors 1` on `--env synthetic` against the same workload through
 `--rollout examples/synthetic_agent.py:rollout`, seconds per update in the steady state (with `--decode-chunks`,
-one `--rollout` run per value, `--set decode_chunk=N`).
+one `--rollout` run per value, `--set decode_chunk=N`), `--groups` x `--group-size` episodes an update, the
+workload's lengths from the SYNTHETIC_* environment variables of examples/synthetic_agent.py.
 
     python benchmarks/agent_turns.py [--model PATH] [--groups 16 --group-size 8] [--pipeline] --json OUT.json
 
@@ -103,7 +104,7 @@ def play(model: str, groups: int, group_size: int, rows: int, decode_chunks: lis
     return results
 
 
-def pipeline(model: str, steps: int, out: Path, decode_chunks: list[int]) -> dict:
+def pipeline(model: str, steps: int, out: Path, decode_chunks: list[int], settings: list[str]) -> dict:
     from artmlx.bench.pipeline import _launch, _env_setting, summarize
 
     workload = {"prompt_tokens": int(os.environ.get("SYNTHETIC_PROMPT_TOKENS", "256")),
@@ -112,7 +113,8 @@ def pipeline(model: str, steps: int, out: Path, decode_chunks: list[int]) -> dic
     reply = os.environ.get("SYNTHETIC_MAX_TOKENS", "64")
     common = ["run", "--actors", "1", "--plain", "--model", model, "--env", "synthetic", "--steps", str(steps),
               "--set", "eval_every=0", "--set", f"checkpoint_every={steps}", "--set", f"max_reply_tokens={reply}",
-              "--set", _env_setting(workload), "--set", "actor_groups_per_batch=16"]
+              "--set", _env_setting(workload), "--set", "actor_groups_per_batch=16",
+              *[item for setting in settings for item in ("--set", setting)]]
     results = {}
     agent = ["--rollout", str(ROOT / "examples/synthetic_agent.py") + ":rollout"]
     runs = [("env", [])] + ([("rollout", agent)] if not decode_chunks else
@@ -146,6 +148,8 @@ def main() -> None:
     parser.add_argument("--decode-chunks", default="",
                         help="comma-separated Scheduler.decode_chunk values for `cached` and for the pipeline's --rollout runs")
     parser.add_argument("--cached-only", action="store_true", help="Part 1 without the text and exact modes")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="Part 2: a run setting for both runs (`--groups`/`--group-size` are passed as theirs).")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     model = args.model or small_synth()
@@ -157,7 +161,8 @@ def main() -> None:
                                                               args.cached_only)}
     if args.pipeline or args.pipeline_only:
         report["pipeline"] = pipeline(model, args.steps, Path(tempfile.mkdtemp(prefix="agent-turns-")),
-                                      [int(x) for x in args.decode_chunks.split(",") if x])
+                                      [int(x) for x in args.decode_chunks.split(",") if x],
+                                      [f"groups_per_step={args.groups}", f"group_size={args.group_size}", *args.set])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
