@@ -88,16 +88,16 @@ def sample(logits: mx.array, temperatures: np.ndarray, key: mx.array, options: S
         scaled = logits
     else:
         scaled = logits / mx.array(np.where(greedy, 1.0, temperatures).astype(np.float32))[:, None]
-    on_cpu = mx.default_device() == mx.cpu
-    logprobs, probs = _log_softmax_cpu(scaled) if on_cpu else (scaled - mx.logsumexp(scaled, -1, keepdims=True), None)
+    # The learner's formula (learner/grpo.py), op for op: a token's logprob must equal its recomputation bit for bit
+    logprobs = scaled - mx.logsumexp(scaled, -1, keepdims=True)
     if options is not None:
         top_p = np.array([o.top_p for o in options], np.float32)
         if (top_p < 1.0).any():
-            logprobs, probs = _nucleus(logprobs, top_p), None
+            logprobs = _nucleus(logprobs, top_p)
     if greedy.all():
         tokens = mx.argmax(scaled, axis=-1)  # top_p keeps the argmax; the bias is in `scaled`
-    elif on_cpu:
-        tokens = _inverse_cdf(_exp(logprobs) if probs is None else probs, key)
+    elif mx.default_device() == mx.cpu:
+        tokens = _inverse_cdf(_exp(logprobs), key)
     else:
         tokens = mx.random.categorical(logprobs, key=key)
     if not greedy.all():
@@ -120,14 +120,6 @@ def _exp(x: mx.array) -> mx.array:
     """exp(x) as 2 ** (x log2 e): on x86 MLX's CPU `exp` took 51 ms for 16 x 151,936 elements, `power` 26 ms
     (NumPy's exp 10 ms); at a real vocabulary the sampler's exponentials were most of a CPU decode step."""
     return mx.power(2.0, x * LOG2E)
-
-
-def _log_softmax_cpu(scaled: mx.array) -> tuple[mx.array, mx.array]:
-    """The rows' log-probabilities and their probabilities up to a factor per row, with one exponential per
-    entry (`mx.logsumexp` takes one, a Gumbel draw two logarithms more)."""
-    high = mx.max(scaled, axis=-1, keepdims=True)
-    probs = _exp(scaled - high)
-    return scaled - (high + mx.log(probs.sum(axis=-1, keepdims=True))), probs
 
 
 def _inverse_cdf(probs: mx.array, key: mx.array) -> mx.array:
