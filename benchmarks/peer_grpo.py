@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from artmlx.bench.pipeline import _launch, summarize  # noqa: E402
 
 GROUP_SIZE = 4
-METHODS = ["mlx-lm-lora", "mlxrl", "mlxrl-prefix", "train", "run"]
+OURS = ("train", "run")
+METHODS = ["mlx-lm-lora", "mlxrl", "mlxrl-prefix", *OURS]
 
 
 def model_folder(arch: str) -> str:
@@ -120,7 +121,6 @@ def mlxrl(folder: str, groups: int, reply: int, steps: int, warmup: int, words: 
     prefill per group, the group's rows decoded together), which its loop does not use."""
     import mlx.core as mx
     import mlx.optimizers as optim
-    from mlx_lm.utils import load_tokenizer
     from mlxrl.algo.grpo import GRPOAlgorithm
     from mlxrl.policy.logprobs import pad_token_id_from_tokenizer
     from mlxrl.policy.model import LoRAConfig, load_policy_with_lora
@@ -134,7 +134,7 @@ def mlxrl(folder: str, groups: int, reply: int, steps: int, warmup: int, words: 
     model, tokenizer, _ = load_policy_with_lora(folder, LoRAConfig(rank=spec.rank, scale=spec.scale))
     if float32:
         model.set_dtype(mx.float32)
-    texts = [load_tokenizer(Path(folder)).decode(p) for p in prompts(folder, groups * (steps + warmup), words)]
+    texts = [tokenizer.decode(p) for p in prompts(folder, groups * (steps + warmup), words)]
     sampling = SamplingConfig(max_tokens=reply, temperature=1.0, top_p=1.0, min_p=0.0, top_k=0)
     optimizer, algorithm = optim.Adam(learning_rate=1e-5), GRPOAlgorithm()
     pad = pad_token_id_from_tokenizer(tokenizer)
@@ -219,14 +219,14 @@ def main() -> None:
 def write(report: dict, path: str | None) -> None:
     """The report with each artmlx method's speed against every peer and against the fastest peer."""
     methods = report["methods"]
-    peers = {name: m["seconds_per_step"] for name, m in methods.items() if name not in ("train", "run")}
+    peers = {name: m["seconds_per_step"] for name, m in methods.items() if name not in OURS}
     if peers:
         best = min(peers, key=peers.get)
         report["best_peer"] = best
         report["speedup_vs_best_peer"] = {name: peers[best] / m["seconds_per_step"]
-                                          for name, m in methods.items() if name in ("train", "run")}
+                                          for name, m in methods.items() if name in OURS}
         report["speedup_vs_peers"] = {peer: {name: seconds / m["seconds_per_step"] for name, m in methods.items()
-                                             if name in ("train", "run")} for peer, seconds in peers.items()}
+                                             if name in OURS} for peer, seconds in peers.items()}
     print(json.dumps(report, indent=1), flush=True)
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

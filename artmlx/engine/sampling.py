@@ -89,11 +89,9 @@ def sample(logits: mx.array, temperatures: np.ndarray, key: mx.array, options: S
     else:
         scaled = logits / mx.array(np.where(greedy, 1.0, temperatures).astype(np.float32))[:, None]
     # The learner's formula (learner/grpo.py), op for op: a token's logprob must equal its recomputation bit for bit
-    logprobs = scaled - mx.logsumexp(scaled, -1, keepdims=True)
+    logprobs = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
     if options is not None:
-        top_p = np.array([o.top_p for o in options], np.float32)
-        if (top_p < 1.0).any():
-            logprobs = _nucleus(logprobs, top_p)
+        logprobs = _nucleus(logprobs, np.array([o.top_p for o in options], np.float32))
     if greedy.all():
         tokens = mx.argmax(scaled, axis=-1)  # top_p keeps the argmax; the bias is in `scaled`
     elif mx.default_device() == mx.cpu:
