@@ -54,6 +54,11 @@ class TrainConfig:
     """Tasks (groups) sampled per update."""
     group_size: int = 8
     """Episodes per task, G; advantages compare episodes within a group."""
+    dynamic_sampling_rounds: int = 4
+    """DAPO's dynamic sampling: a group whose episodes all got the same reward (no gradient) is replaced by new
+    tasks, in up to this many more rounds of sampling per update (`artmlx train`); `artmlx run`'s actors do not
+    send such groups and play on; 0: off, flat groups are sampled, counted and not trained
+    (`rollout/dynamic_sampling.py`)."""
     min_group_size: int = 0
     """Agent rollouts: a group whose refused or failed trajectories leave at least this many still trains
     (advantages over the ones left); 0: every one of the G is needed."""
@@ -173,7 +178,7 @@ CHOICES = {
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
-NON_NEGATIVE = ("decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
+NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout")
 
 

@@ -166,7 +166,9 @@ def format_row(row: dict) -> str:
         return "final " + "  ".join(f"{k} {round(v, 1) if isinstance(v, float) else v}"
                                     for k, v in row.items() if k != "final")
     text = (f"train step {row['step']:4d}  v{row['policy_version']}  reward {row['reward_mean']:+.3f}  "
-            f"groups {row['groups']} (flat {row['groups_zero_variance']})  tokens {row['tokens']}  "
+            f"groups {row['groups']} (flat {row['groups_zero_variance']}"
+            + (f", {row['groups_flat_skipped']} flat skipped" if row.get("groups_flat_skipped") else "")
+            + f")  tokens {row['tokens']}  "
             f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  ")
     if "gen_seconds" in row:
         text += f"gen {row['gen_seconds']:.1f}s "

@@ -12,9 +12,10 @@ import numpy as np
 EVAL_SEED_BASE = 1 << 30
 
 
-def train_seeds(seed: int, step: int, count: int) -> list[int]:
-    """Task seeds of one training update: a pure function of (run seed, step)."""
-    rng = np.random.default_rng([seed, step, 0x5EED])
+def train_seeds(seed: int, step: int, count: int, sampling_round: int = 0) -> list[int]:
+    """Task seeds of one training update: a pure function of (run seed, step); a further round of dynamic
+    sampling (`rollout/dynamic_sampling.py`) draws its own."""
+    rng = np.random.default_rng([seed, step, 0x5EED] + ([sampling_round] if sampling_round else []))
     return rng.integers(0, EVAL_SEED_BASE, size=count).tolist()
 
 
@@ -23,6 +24,6 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
     return int(np.random.default_rng([seed, step, stream]).integers(0, 2**62))
 
 
-def step_key(seed: int, step: int) -> mx.array:
-    """Sampling key of one update."""
-    return mx.random.key(step_seed(seed, step, stream=0))
+def step_key(seed: int, step: int, sampling_round: int = 0) -> mx.array:
+    """Sampling key of one update (of its dynamic-sampling round)."""
+    return mx.random.key(step_seed(seed, step, stream=0 if not sampling_round else 100 + sampling_round))

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+FLAT_EPS = 1e-6  # reward std at or below which a group is flat (the learner's zero_variance)
+
 
 @dataclass
 class Episode:
@@ -46,6 +48,11 @@ class Group:
     @property
     def rewards(self) -> np.ndarray:
         return np.array([e.reward for e in self.episodes], dtype=np.float32)
+
+    @property
+    def flat(self) -> bool:
+        """Every episode got the same reward: zero advantage, no gradient (`learner/grpo.group_advantages`)."""
+        return float(np.std(self.rewards)) <= FLAT_EPS
 
     @property
     def tokens(self) -> int:

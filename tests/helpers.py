@@ -1,5 +1,8 @@
 """Shared test helpers: the embedded model with LoRA, and adapters moved off zero."""
 
+import contextlib
+import os
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
@@ -113,3 +116,18 @@ def family_folder(root, family: str, name: str = "", **overrides):
         if path.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
             shutil.copy(path, folder / path.name)
     return folder
+
+
+@contextlib.contextmanager
+def per_call_dequantizing():
+    """Load models with the large 4-bit layers that dequantize per product (model/backend.py), not the dense base
+    a small model gets on the CPU: the path of the GPU's prefill and of CPU models over the dense-base limit."""
+    saved = os.environ.get("ARTMLX_DENSE_BASE_GB")
+    os.environ["ARTMLX_DENSE_BASE_GB"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("ARTMLX_DENSE_BASE_GB", None)
+        else:
+            os.environ["ARTMLX_DENSE_BASE_GB"] = saved

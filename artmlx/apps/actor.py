@@ -6,7 +6,8 @@ refused with the reason and the actor exits with it), waits for the current adap
 apply the newest adapter in place (no reload), play a batch of groups with the engine's batched
 rollouts, tag them with the policy version they were sampled with, and submit them through the
 flow-control window. A batch starts only when all of it fits the window, so it is sampled with the
-newest adapter that arrived while the learner trained. Task seeds come from a per-process random
+newest adapter that arrived while the learner trained. With dynamic sampling on (the default), a
+group whose episodes all got the same reward is counted and not sent (`rollout/dynamic_sampling.py`). Task seeds come from a per-process random
 stream, so no two actors play the same episodes. It exits cleanly when the learner says shutdown.
 
 Its memory budget is its own machine's (`--memory-budget-gb`, default 75 % of the device, shared
@@ -121,7 +122,7 @@ class ActorService:
         version = self._apply_adapter(rollouts, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
-        policy_tokens = 0
+        policy_tokens = played = flat_skipped = 0
         while not self.stop and self.client.shutdown_reason is None:
             per_batch = self.groups_per_batch(config, rollouts)
             # Generate only once the whole batch will fit the window, with the newest adapter by then:
@@ -133,15 +134,20 @@ class ActorService:
             seeds = rng.integers(0, EVAL_SEED_BASE, size=per_batch).tolist()
             key = mx.random.key(int(rng.integers(0, 2**62)))
             for group in rollouts.play(seeds, config.group_size, key, version):
-                group.group_id = f"{self.name}-{uuid.uuid4().hex}"
+                played += 1
                 policy_tokens += group.policy_tokens
+                if config.dynamic_sampling_rounds and group.flat:
+                    flat_skipped += 1  # dynamic sampling: no gradient in it; the next batch plays new tasks
+                    continue
+                group.group_id = f"{self.name}-{uuid.uuid4().hex}"
                 self._wait_for_room(1)
                 self.client.submit(group_to_message(group, self.name, config.env, self.client.fingerprint))
                 if self.client.shutdown_reason:
                     break
             batches += 1
             self._report_failures(rollouts)
-            self.client.stats = {"batches": batches, "groups_per_batch": per_batch,
+            self.client.stats = {"batches": batches, "groups_per_batch": per_batch, "groups_played": played,
+                                 "groups_flat_skipped": flat_skipped,
                                  "gen_tokens_per_s": policy_tokens / max(time.perf_counter() - started, 1e-9),
                                  "peak_memory_gb": round(mx.get_peak_memory() / 2**30, 3),
                                  "device": device_description(), **rollouts.stats}

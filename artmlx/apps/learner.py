@@ -35,7 +35,7 @@ from ..rollout.evaluation import evaluate, evaluate_agent, unevaluated_note
 from ..metrics import check_sinks, open_metrics
 from ..model.families import vocab_size
 from ..model.policy import LoraSpec, adapter_weights, fingerprint
-from ..protocol.admission import AGENT_STATS, GroupLimits, inbound_message_limit
+from ..protocol.admission import AGENT_STATS, SAMPLING_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
 from ..protocol.sockets import LearnerSocket
@@ -341,7 +341,7 @@ class LearnerService:
             self._show(phase=f"done: {reason}")
             self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
                             **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(),
-                            "actors_unconfirmed": unconfirmed, **self.hub.actor_totals(AGENT_STATS),
+                            "actors_unconfirmed": unconfirmed, **self.hub.actor_totals(AGENT_STATS + SAMPLING_STATS),
                             "stop_reason": reason})
         self.log.close()
         self.hub.socket.close()

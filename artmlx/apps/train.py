@@ -23,6 +23,7 @@ from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from ..metrics import check_sinks, open_metrics
 from ..model.policy import LoraSpec, save_adapters
+from ..rollout.dynamic_sampling import sample_with_signal
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
 
@@ -66,8 +67,11 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
             mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
             mx.reset_peak_memory()  # so each row reports its own update's peak
             t0 = time.perf_counter()
-            groups = engine.play(train_seeds(config.seed, step, config.groups_per_step), config.group_size,
-                                 step_key(config.seed, step), trainer.policy_version)
+            groups, sampling = sample_with_signal(
+                lambda sampling_round, count: engine.play(
+                    train_seeds(config.seed, step, count, sampling_round), config.group_size,
+                    step_key(config.seed, step, sampling_round), trainer.policy_version),
+                config.groups_per_step, config.dynamic_sampling_rounds)
             t1 = time.perf_counter()
             stats = trainer.train_step(groups)
             t2 = time.perf_counter()
@@ -81,7 +85,7 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
                 "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
                 "peak_memory_gb": mx.get_peak_memory() / 2**30,
                 "outcomes": _count_outcomes(groups, outcomes),
-                **stats,
+                **sampling, **stats,
             })
             if config.eval_due(trainer.step):
                 run_eval()

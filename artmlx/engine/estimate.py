@@ -14,7 +14,7 @@ import json
 import struct
 from pathlib import Path
 
-from ..model.backend import DEQUANT_MIN_WEIGHTS, dequant_rows
+from ..model.backend import DENSE_BASE_MAX_BYTES, DEQUANT_MIN_WEIGHTS, dense_base_limit, dequant_rows
 from .memory import GB, MemoryPlan, ModelShape, device_kind, slots_for
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
@@ -74,17 +74,22 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
     activation_bytes = 4 if on_cpu else DTYPE_BYTES[largest]  # the CPU computes in float32 (model/backend.py)
     weight_bytes = sum(_count(shape) * (4 if on_cpu and dtype in FLOATS else DTYPE_BYTES[dtype])
                        for dtype, shape in tensors.values())
-    bits = (config.get("quantization") or text.get("quantization") or {}).get("bits", 4)
-    dense = 0
-    if _dequantizes(device):
-        for name, (dtype, shape) in tensors.items():
-            stem = name.removesuffix(".weight")
-            # 2-D only: experts' 3-D matrices (SwitchLinear) keep their 4-bit kernel (backend.use_dequantizing_layers)
-            if name.endswith(".weight") and dtype == "U32" and len(shape) == 2 and f"{stem}.scales" in tensors:
-                count = shape[0] * shape[1] * 32 // bits
-                if count >= DEQUANT_MIN_WEIGHTS:
-                    dense += count * activation_bytes
-    return ModelShape.from_config(text, activation_bytes, weight_bytes, dense)
+    quantization = config.get("quantization") or text.get("quantization") or {}
+    dense = packed = 0
+    for name, (dtype, shape) in tensors.items():
+        stem = name.removesuffix(".weight")
+        # 2-D only: experts' 3-D matrices (SwitchLinear) keep their 4-bit kernel (backend.use_dequantizing_layers)
+        if name.endswith(".weight") and dtype == "U32" and len(shape) == 2 and f"{stem}.scales" in tensors:
+            bits = (quantization.get(stem) or {}).get("bits", quantization.get("bits", 4))  # per-layer, or the model's
+            count = shape[0] * shape[1] * 32 // bits
+            if count >= DEQUANT_MIN_WEIGHTS:
+                dense += count * activation_bytes
+                packed += sum(_count(tensors[key][1]) * (4 if on_cpu or tensors[key][0] == "U32" else
+                                                         DTYPE_BYTES[tensors[key][0]])
+                              for key in (name, f"{stem}.scales", f"{stem}.biases") if key in tensors)
+    if on_cpu and dense and dense <= _dense_base_limit(device):  # dequantized once at load (backend.use_dense_layers)
+        return ModelShape.from_config(text, activation_bytes, weight_bytes - packed + dense, 0)
+    return ModelShape.from_config(text, activation_bytes, weight_bytes, dense if _dequantizes(device) else 0)
 
 
 def estimate(model: str, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
@@ -130,6 +135,11 @@ def _count(shape) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+def _dense_base_limit(device: str) -> int:
+    """The dense-base limit on `device`: this machine's rule for its own, the CPU's default for another."""
+    return dense_base_limit() if device == device_kind() else DENSE_BASE_MAX_BYTES
 
 
 def _dequantizes(device: str) -> bool:

@@ -17,7 +17,8 @@ run config's `env_args`) and two methods:
 Class attributes: `name` (registry name) and `outcomes` (a tuple; evaluation reports
 `eval_<outcome>_rate` for each). Episode reward is the sum of step rewards.
 
-Environments are looked up by registry name (`tictactoe`, `arithmetic`, `synthetic`) or by `module:Class`.
+Environments are looked up by registry name (`tictactoe`, `arithmetic`, `math`, `word_problems`, `calculator`,
+`synthetic`) or by `module:Class`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def registry() -> dict[str, str]:
     return {
         "tictactoe": "artmlx.envs.tictactoe:TicTacToe",
         "arithmetic": "artmlx.envs.arithmetic:Arithmetic",
+        "math": "artmlx.envs.math_question:MathQuestion",
+        "word_problems": "artmlx.envs.word_problems:WordProblems",
+        "calculator": "artmlx.envs.calculator:Calculator",
         "synthetic": "artmlx.envs.synthetic:Synthetic",
     }
 

@@ -6,6 +6,9 @@ agent replies with a cell number; the first digit 1-9 in its reply is the move. 
 one, or naming an occupied cell, ends the game as `illegal` with the lowest reward.
 
 Rewards (defaults): win 1, draw 0.5, loss 0, illegal -0.5. `score` is 1 for a win or a draw.
+
+`style="grid"` poses the game for a real instruct model instead: the rules in words and the board
+as a 3 x 3 grid whose empty cells show their numbers (`render_grid`); the reply is parsed the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ def winner(board: str) -> str | None:
 
 def render(board: str) -> str:
     return " ".join(f"{i + 1}{cell}" for i, cell in enumerate(board))
+
+
+GRID_INSTRUCTION = ("We are playing tic-tac-toe. You are X and I am O; three in a row wins. "
+                    "Empty cells show their number. Reply with the number of the cell for your X.\n\n")
+
+
+def render_grid(board: str) -> str:
+    """The board as a 3 x 3 grid, an empty cell showing its number."""
+    cells = [str(i + 1) if cell == "." else cell for i, cell in enumerate(board)]
+    return "\n---+---+---\n".join(" " + " | ".join(cells[r * 3 : r * 3 + 3]) for r in range(3))
 
 
 def parse_move(text: str) -> int | None:
@@ -77,9 +90,14 @@ class TicTacToe:
         reward_draw: float = 0.5,
         reward_loss: float = 0.0,
         reward_illegal: float = -0.5,
+        style: str = "cells",
     ):
         if opponent not in ("random", "perfect"):
             raise ValueError(f"tictactoe opponent must be 'random' or 'perfect', got {opponent!r}")
+        if style not in ("cells", "grid"):
+            raise ValueError(f"tictactoe style must be 'cells' (the tiny model's) or 'grid' (an instruct model's), "
+                             f"got {style!r}")
+        self.style = style
         self.opponent = opponent
         self.rewards = {"win": reward_win, "draw": reward_draw, "loss": reward_loss, "illegal": reward_illegal}
         self.board = "." * 9
@@ -90,6 +108,8 @@ class TicTacToe:
         self.board = "." * 9
         self.rng = random.Random(seed)
         self.done = False
+        if self.style == "grid":
+            return [{"role": "user", "content": GRID_INSTRUCTION + render_grid(self.board)}]
         return [{"role": "user", "content": INSTRUCTION + render(self.board)}]
 
     def _opponent_move(self) -> int:
@@ -118,4 +138,5 @@ class TicTacToe:
             return self._end("loss", move)
         if "." not in self.board:
             return self._end("draw", move)
-        return StepResult([{"role": "user", "content": render(self.board)}], 0.0, False, {"move": move})
+        board = render_grid(self.board) + "\nYour move." if self.style == "grid" else render(self.board)
+        return StepResult([{"role": "user", "content": board}], 0.0, False, {"move": move})

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -188,5 +189,13 @@ def write_model_folder(folder: Path, weights_file: Path, quantized: bool = True)
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Map `tiny` to the embedded folder; anything else (hub id, local path) passes through."""
-    return str(tiny_model_path()) if name_or_path == TINY_NAME else name_or_path
+    """Map `tiny` to the embedded folder, a GGUF file or a packaged model's name (`model/packaged.py`) to
+    its imported mlx-lm folder (made on first use); anything else (hub id, local folder) passes through."""
+    if name_or_path == TINY_NAME:
+        return str(tiny_model_path())
+    from .gguf_import import gguf_source, import_gguf
+
+    source = gguf_source(name_or_path)
+    if source is None:
+        return name_or_path
+    return str(import_gguf(source, report=lambda line: print(f"[gguf] {line}", file=sys.stderr, flush=True)))

@@ -41,8 +41,10 @@ LOGPROB_FLOOR = -100.0
 AGENT_STATS = ("rollouts_played", "rollout_failures", "trajectories_refused", "groups_dropped", "groups_short",
                "prompt_tokens", "prefill_tokens")
 """Counts an actor playing agent rollouts reports (totals over its life), summed in the run's final row."""
+SAMPLING_STATS = ("groups_played", "groups_flat_skipped")
+"""Groups an actor played, and of them the flat ones it did not send (dynamic sampling), summed likewise."""
 NUMERIC_STATS = ("batches", "groups_per_batch", "gen_tokens_per_s", "peak_memory_gb", "groups_sent",
-                 "groups_resent", "groups_unacked", *AGENT_STATS)
+                 "groups_resent", "groups_unacked", *AGENT_STATS, *SAMPLING_STATS)
 TEXT_STATS = {"device": 64}
 FLAG_STATS = ("leaving",)
 STAT_LIMIT = 1e15

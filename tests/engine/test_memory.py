@@ -13,6 +13,7 @@ from artmlx.learner.settings import trainer_settings
 from artmlx.learner.trainer import GRPOTrainer
 from artmlx.model.policy import LoraSpec, load_policy
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
+from tests.helpers import per_call_dequantizing
 
 QWEN_05B = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=151936,
                       activation_bytes=2, weight_bytes=int(0.4 * GB))
@@ -94,8 +95,23 @@ def test_budget_resolution_and_limits(monkeypatch):
 @pytest.fixture(scope="module")
 def synth_policy(small_synth):
     mx.random.seed(0)
-    model, tokenizer, _ = load_policy(str(small_synth), LoraSpec(rank=8))
+    with per_call_dequantizing():
+        model, tokenizer, _ = load_policy(str(small_synth), LoraSpec(rank=8))
     return model, tokenizer
+
+
+def test_a_small_base_is_dequantized_once_on_the_cpu_and_computes_the_same(small_synth):
+    """Below the dense-base limit the large 4-bit layers become dense ones at load: no per-call dequantize, the
+    same logits (the per-call path multiplies the same dequantized weights from 8 rows on)."""
+    tokens = mx.array([[5, 900, 17, 40000, 3, 77, 1200, 8]] * 8)
+    with per_call_dequantizing():
+        per_call, _, _ = load_policy(str(small_synth), LoraSpec(rank=8))
+    dense, _, _ = load_policy(str(small_synth), LoraSpec(rank=8))
+    kinds = {type(m).__name__ for _, m in dense.named_modules()}
+    assert "DequantizingLinear" not in kinds and "DequantizingEmbedding" not in kinds
+    assert not any(getattr(m, "dequant_rows", 0) for _, m in dense.named_modules())
+    assert plan_for(dense, GB).shape.dense_copy_bytes == 0
+    assert mx.allclose(dense(tokens), per_call(tokens), atol=1e-5).item()
 
 
 def test_decode_memory_does_not_grow_with_steps(synth_policy):

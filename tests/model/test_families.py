@@ -21,7 +21,7 @@ from artmlx.netutil import free_port
 from artmlx.rollout.episodes import EpisodeRollouts, SamplingParams
 from artmlx.serve import run_server
 from artmlx.serve.model_server import ModelServer, ServeConfig
-from tests.helpers import learner_logprobs
+from tests.helpers import learner_logprobs, per_call_dequantizing
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next",
@@ -138,8 +138,11 @@ def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     assert sum(layer.nbytes // layer.keys.shape[2] for layer in kv) == shape.kv_bytes_per_token
     states = [layer for layer in cache.layers if isinstance(layer, LayerState)]
     assert sum(layer.nbytes for layer in states) == shape.state_bytes_per_row
-    if family == "qwen3-wide":
-        assert shape.dense_copy_bytes > 0
+    if family == "qwen3-wide":  # a dense base on the CPU (dequantized once at load), else copies per product
+        assert shape.dense_copy_bytes == 0 or mx.default_device() != mx.cpu
+        with per_call_dequantizing():
+            per_call = ModelShape.of(load_base(str(folders[family]))[0])
+            assert per_call.dense_copy_bytes > 0 and shape_from_folder(folders[family]) == per_call
     if family.startswith("gemma4"):  # its last 2 of 4 layers reuse earlier layers' keys and values; its one
         assert shape.kv_shared_layers == 2  # global layer has heads twice as wide (global_head_dim 32)
         assert shape.kv_bytes_per_token == 2 * 2 * (16 + 32) * shape.activation_bytes

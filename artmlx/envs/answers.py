@@ -1,0 +1,58 @@
+"""Reading a final numeric answer out of a model's reply, and the reward for it.
+
+An instruct model answers a question in words ("7 + 12 = 19", "The answer is 19."), so the answer is
+the last number in the reply (commas between digit groups allowed: "1,250"). Rewards:
+
+    correct (the last number equals the answer)                      1
+    wrong (a number, not the answer)                                 format_reward (default 0.1)
+    unparseable (no number at all)                                   0
+
+The small reward for a well-formed wrong answer gives a weak model a gradient before it is ever
+right: in a group where every reply is wrong, the ones that answered with a number still beat the
+ones that did not. Set it to 0 for the plain 0/1 reward. `score` (what evaluation averages) is 1 for
+correct and 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .base import StepResult
+
+OUTCOMES = ("correct", "wrong", "unparseable")
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?![\d,])|-?\d+(?:\.\d+)?")
+
+
+def final_number(text: str) -> float | None:
+    """The last number in `text` (an integer or a decimal; "1,250" is 1250), or None."""
+    matches = _NUMBER.findall(text)
+    if not matches:
+        return None
+    return float(matches[-1].replace(",", ""))
+
+
+def grade(text: str, answer: float, format_reward: float = 0.1) -> tuple[str, float]:
+    """(outcome, reward) of a reply to a question whose answer is `answer`."""
+    value = final_number(text)
+    if value is None:
+        return "unparseable", 0.0
+    if abs(value - answer) < 1e-9:
+        return "correct", 1.0
+    return "wrong", format_reward
+
+
+def final_step(text: str, answer: float, format_reward: float, **info) -> StepResult:
+    """The step that ends a one-question episode: graded, with `answer` and `outcome` in its info."""
+    outcome, reward = grade(text, answer, format_reward)
+    return StepResult([], reward, True, {"outcome": outcome, "score": float(outcome == "correct"),
+                                         "answer": _plain(answer), **info})
+
+
+def _plain(number: float) -> int | float:
+    return int(number) if float(number).is_integer() else number
+
+
+def check_format_reward(value: float) -> float:
+    if not 0 <= value < 1:
+        raise ValueError(f"format_reward must be in [0, 1) (below a correct answer's 1), got {value}")
+    return float(value)
