@@ -71,7 +71,8 @@ def _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, s
 
 _train_options = [
     click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields."),
-    click.option("--model", help="tiny (embedded, default), a Hugging Face id or a local model folder."),
+    click.option("--model", help="tiny (embedded, default), a packaged model (`artmlx model list`), a GGUF file, "
+                                 "a Hugging Face id or a local model folder."),
     click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
     click.option("--rollout", help="Agent instead of env (run, learner): module:function or file.py:function, "
                                    "ART's `async def rollout(model, scenario) -> Trajectory` or "
@@ -308,7 +309,8 @@ def status(address, keys, actor_key, as_json, timeout_s):
 
 
 @cli.command()
-@click.option("--model", default="tiny", show_default=True, help="Base model: tiny, a Hugging Face id or a folder.")
+@click.option("--model", default="tiny", show_default=True,
+              help="Base model: tiny, a packaged model, a GGUF file, a Hugging Face id or a folder.")
 @click.option("--adapters", type=click.Path(file_okay=False), help="Adapter folder (RUN_DIR/adapters).")
 @click.option("--name", default="", help="Model name clients ask for (default: --model).")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -347,49 +349,14 @@ def serve(model, adapters, name, host, port, api_key, max_rows, max_tokens, pref
         click.echo("server stopped", err=True)
 
 
-@cli.group(name="model")
-def model_group() -> None:
-    """Model folders: the embedded one, and random-weight benchmark models of real shapes."""
-
-
-@model_group.command(name="synth")
-@click.argument("arch")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced if it exists).")
-@click.option("--seed", type=int, default=0, show_default=True)
-def model_synth(arch, out, seed):
-    """Write a random-weight 4-bit mlx-lm model of a real architecture (qwen2.5-0.5b/1.5b/3b/7b,
-    qwen3-0.6b/4b/8b/14b, qwen3-30b-a3b, qwen3.5-0.8b/9b, gemma-3-1b/4b, gpt-oss-20b, llama-3.2-1b/3b).
-
-    For benchmarks only: the shapes, vocabulary, tokenizer and chat template are real, the weights random.
-    """
-    from .model.synth import synthesize
-
-    try:
-        folder = synthesize(arch, Path(out), seed)
-    except ValueError as error:
-        _fail(error)
-    click.echo(f"wrote {folder} (random weights; `--model {folder}` benchmarks the {arch} shape)")
-
-
-@model_group.command(name="path")
-@click.argument("name", default="tiny")
-def model_path_command(name):
-    """Print the folder of the embedded model (`tiny`), writing it on first use."""
-    from .model.tiny import TINY_NAME, tiny_model_path
-
-    if name != TINY_NAME:
-        _fail(ValueError(f"only the embedded model has a local folder here; got {name!r}"))
-    click.echo(str(tiny_model_path()))
-
-
-cli.add_command(model_path_command, name="model-path")  # the first spelling, kept
-
-
 def _register_subgroups() -> None:
     from .bench.cli import bench
     from .deploy.cli import register
+    from .model.cli import model_group, model_path_command
 
     cli.add_command(bench)
+    cli.add_command(model_group)
+    cli.add_command(model_path_command, name="model-path")  # the first spelling, kept
     register(cli)
 
 

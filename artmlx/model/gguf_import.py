@@ -37,7 +37,7 @@ from . import gguf_tensors
 from .gguf_archs import ARCHITECTURES, ArchSpec, chat_template_for
 from .gguf_tokenizer import GgufVocabulary, build_tokenizer, end_of_turn_ids
 
-IMPORT_VERSION = 1  # bump when the folder written for the same file would change
+IMPORT_VERSION = 2  # bump when the folder written for the same file would change
 GGUF_MAGIC = b"GGUF"
 
 

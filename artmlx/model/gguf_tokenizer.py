@@ -158,12 +158,16 @@ def _sentencepiece(vocab: GgufVocabulary):
 
 
 def _add_special_tokens(core, vocab: GgufVocabulary) -> None:
+    """Control tokens as special tokens; user-defined ones as added tokens where the model's vocabulary spells
+    them as the file does (Gemma's whitespace runs, respelled with "▁", stay the model's own, as in
+    transformers' GGUF loader): an added token the vocabulary lacks would get a new id past the embedding."""
     from tokenizers import AddedToken
 
+    known = core.get_vocab()
     control = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(vocab.tokens, vocab.token_types) if kind == CONTROL]
+               for t, kind in zip(vocab.tokens, vocab.token_types) if kind == CONTROL and t in known]
     user = [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(vocab.tokens, vocab.token_types) if kind == USER_DEFINED]
+            for t, kind in zip(vocab.tokens, vocab.token_types) if kind == USER_DEFINED and t in known]
     core.add_special_tokens(control)
     core.add_tokens(user)
 
