@@ -70,7 +70,8 @@ def _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, s
 
 
 _train_options = [
-    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML file with config fields."),
+    click.option("--config", "config_file", metavar="FILE|RECIPE",
+                 help="TOML file with config fields, or a packaged recipe's name (`artmlx config --recipes`)."),
     click.option("--model", help="tiny (embedded, default), a packaged model (`artmlx model list`), a GGUF file, "
                                  "a Hugging Face id or a local model folder."),
     click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
@@ -232,11 +233,19 @@ def run(actors, plain, actor_devices, learner_device, learner_ranks, placement, 
 
 
 @cli.command(name="config")
-def show_config():
+@click.option("--recipes", is_flag=True, help="List the packaged recipes (`--config NAME`) instead.")
+def show_config(recipes):
     """List every config field with its default and meaning."""
     import dataclasses
 
     from .config import TrainConfig, field_docs
+
+    if recipes:
+        from .recipes import recipe_names, recipe_path, recipe_summary
+
+        for name in recipe_names():
+            click.echo(f"{name:<20} {recipe_summary(name)}\n{'':<20} {recipe_path(name)}")
+        return
 
     docs = field_docs()
     for f in dataclasses.fields(TrainConfig):

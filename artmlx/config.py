@@ -261,12 +261,24 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file's path: an existing file, else a packaged recipe's name (`artmlx config --recipes`)."""
+    from .recipes import recipe_names, recipe_path
+
+    if Path(path).exists():
+        return Path(path)
+    recipe = recipe_path(str(path))
+    if recipe is None:
+        raise ValueError(f"config file {path} does not exist, and it is not a recipe's name "
+                         f"(recipes: {', '.join(recipe_names())})")
+    return recipe
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """A config file or recipe (`path`), then `overrides` on top (None values ignored), validated."""
     values: dict[str, Any] = {}
     if path:
-        path = Path(path)
-        if not path.exists():
-            raise ValueError(f"config file {path} does not exist")
+        path = resolve_config_path(path)
         try:
             values = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as error:

@@ -26,8 +26,9 @@ top-p 0.95, top-k 20, 512-token completions, LoRA rank 8, scale 10.
 
 Not the same (facts of the code, not measured here):
 - compute: mlx-lm-lora runs the model as loaded (float16 scales and norms, MLX's 4-bit kernels for
-  generation and loss; `--float32` casts its floating parameters to float32); artmlx on the CPU casts to
-  float32 and dequantizes a small base once (`model/backend.py`). The evaluator uses artmlx's loading for
+  generation and loss; `--float32` casts its floating parameters to float32, `--dense` also dequantizes the
+  base with mlx-lm's `dequantize_model`); artmlx on the CPU casts to float32 and dequantizes a small base once
+  (`model/backend.py`). The evaluator uses artmlx's loading for
   every point, so the scores compare; the training speed is each trainer's own;
 - generation: `BatchGenerator` with `completion_batch_size` = `--groups`, so only `--groups` sequences decode
   at once and a step's groups x G replies go through in waves (continuous batching), each prompt prefilled
@@ -107,7 +108,11 @@ def train(args, out: Path) -> tuple[list[dict], list[dict]]:
     from artmlx.model.tiny import resolve_model
 
     model, tokenizer = load(resolve_model(MODEL))
-    if args.float32:
+    if args.dense:  # what artmlx's CPU backend does for a small base (`model/backend.py`)
+        from mlx_lm.utils import dequantize_model
+
+        model = dequantize_model(model)
+    if args.float32 or args.dense:
         model.set_dtype(mx.float32)
     mx.random.seed(args.seed)  # LoRA initialisation and sampling
     spec = LoraSpec()
@@ -173,6 +178,10 @@ def main() -> None:
     parser.add_argument("--eval-every-s", type=float, default=120.0, help="Save adapters every this many seconds.")
     parser.add_argument("--eval-episodes", type=int, default=200)
     parser.add_argument("--float32", action="store_true", help="Cast mlx-lm-lora's model to float32 first.")
+    parser.add_argument("--dense", action="store_true",
+                        help="Dequantize the 4-bit base with mlx-lm's `dequantize_model` and cast it to float32 first "
+                             "(MLX's CPU multiplies 4-bit weights at ~1.5 GFLOP/s; artmlx's CPU backend does the same "
+                             "for a small base).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/peer-learn")
     parser.add_argument("--json")
@@ -206,7 +215,8 @@ def main() -> None:
                            "learning_rate": args.learning_rate, "optimizer": "AdamW(betas=(0.9, 0.999), wd=0)",
                            "max_tokens": args.max_tokens, "temperature": args.temperature, "beta": 0.0,
                            "grpo_loss_type": "grpo", "eval_every_s": args.eval_every_s,
-                           "eval_episodes": args.eval_episodes, "float32": args.float32, "seed": args.seed},
+                           "eval_episodes": args.eval_episodes, "float32": args.float32, "dense": args.dense,
+                           "seed": args.seed},
               "command": shlex.join([Path(sys.executable).name, *sys.argv]),
               "points": points, "seconds_per_step": seconds / steps, "steps": log}
     if args.json:

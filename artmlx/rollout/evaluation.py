@@ -11,6 +11,7 @@ environment's `info["score"]`), else its reward; the row adds the mean of every 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 import mlx.core as mx
@@ -60,7 +61,9 @@ def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
 
 def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], temperature: float,
              seed: int = 0) -> dict:
-    """Play `episodes` held-out tasks once each (in chunks) and summarise them."""
+    """Play `episodes` held-out tasks once each (in chunks) and summarise them; `eval_seconds` is its wall time
+    (so a learning curve can be drawn against training time alone)."""
+    started = time.perf_counter()
     saved = engine.sampling
     engine.sampling = replace(saved, temperature=temperature)
     try:
@@ -73,13 +76,16 @@ def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], 
                 played += group.episodes
     finally:
         engine.sampling = saved
-    return summarize(played, outcomes)
+    return {**summarize(played, outcomes), "eval_seconds": time.perf_counter() - started}
 
 
 def evaluate_agent(rollouts, scenarios: list) -> dict | None:
     """Each held-out scenario played once by the agent (`AgentRollouts.play_once`), summarised; None if stopped."""
+    started = time.perf_counter()
     trajectories = rollouts.play_once(scenarios)
-    return None if trajectories is None else summarize_trajectories(trajectories)
+    if trajectories is None:
+        return None
+    return {**summarize_trajectories(trajectories), "eval_seconds": time.perf_counter() - started}
 
 
 def summarize_trajectories(trajectories: list) -> dict:

