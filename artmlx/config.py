@@ -95,6 +95,14 @@ class TrainConfig:
     """Divide advantages by the group's reward std (original GRPO); off follows Dr. GRPO."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to the frozen base (LoRA off); 0 disables it."""
+    hint_teacher: str = "base"
+    """Directive hints (an environment's `info["hint"]`, an agent's `set_directive_hint`): the teacher that
+    scores the sampled tokens with the hint in its context, `base` (the frozen base, LoRA off, as
+    OpenClaw-RL) or `policy` (the current adapters, as SDPO). Without hints nothing changes."""
+    hint_weight: float = 1.0
+    """Weight of a hinted token's teacher advantage, log pi_teacher - log pi_old (`learner/distill.py`)."""
+    reward_weight: float = 1.0
+    """Weight of GRPO's reward advantage beside the hint's; 1 with no hints leaves GRPO as it is."""
     minibatches: int = 1
     """Optimizer steps per batch of rollouts; above 1, later steps are off-policy and clipping matters."""
     max_batch_tokens: int = 0
@@ -174,12 +182,13 @@ CHOICES = {
     "objective": ("ppo", "cispo", "gspo"),
     "normalization": ("token_mean", "seq_mean", "constant"),
     "grad_checkpoint": ("auto", "on", "off"),
+    "hint_teacher": ("base", "policy"),
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
-                "eval_every", "lora_dropout")
+                "eval_every", "lora_dropout", "hint_weight", "reward_weight")
 
 
 def _type_ok(value: Any, annotation: str) -> bool:

@@ -170,6 +170,10 @@ def format_row(row: dict) -> str:
             + (f", {row['groups_flat_skipped']} flat skipped" if row.get("groups_flat_skipped") else "")
             + f")  tokens {row['tokens']}  "
             f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  ")
+    if "hinted_token_frac" in row:  # directive hints: hinted share, teacher-student log-ratio, each term's weight
+        text += (f"hints {row['hinted_token_frac']:.2f} (logratio {row['hint_logratio_mean']:+.2f}, |A| reward "
+                 f"{row['advantage_reward_abs']:.2f} hint {row['advantage_hint_abs']:.2f}, teacher "
+                 f"{row.get('teacher_seconds', 0.0):.1f}s)  ")
     if "gen_seconds" in row:
         text += f"gen {row['gen_seconds']:.1f}s "
     if "staleness_max" in row:

@@ -25,6 +25,9 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     turns: int = 0
     truncated: bool = False
+    teacher_prompt: list[int] | None = None
+    """A directive hint's teacher context (`learner/distill.py`): token ids that replace the episode's
+    prompt (the tokens before its first sampled one) when the teacher scores the sampled tokens."""
 
     def __post_init__(self):
         if not (len(self.tokens) == len(self.policy_mask) == len(self.logprobs)):
@@ -36,6 +39,20 @@ class Episode:
     @property
     def policy_tokens(self) -> int:
         return int(sum(self.policy_mask))
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first one the policy sampled."""
+        return self.policy_mask.index(True) if True in self.policy_mask else len(self.tokens)
+
+    def teacher_episode(self) -> "Episode":
+        """The episode as the hint's teacher sees it: its teacher prompt, then exactly the tokens after its
+        own prompt (so every sampled token is scored at its place in the teacher's context)."""
+        if self.teacher_prompt is None:
+            raise ValueError("this episode has no teacher prompt")
+        n, prompt = self.prompt_length, list(self.teacher_prompt)
+        return Episode(prompt + self.tokens[n:], [False] * len(prompt) + self.policy_mask[n:],
+                       [0.0] * len(prompt) + self.logprobs[n:], self.reward, self.info, self.turns, self.truncated)
 
 
 @dataclass
@@ -53,6 +70,16 @@ class Group:
     def flat(self) -> bool:
         """Every episode got the same reward: zero advantage, no gradient (`learner/grpo.group_advantages`)."""
         return float(np.std(self.rewards)) <= FLAT_EPS
+
+    @property
+    def hinted(self) -> bool:
+        """Some episode carries a directive hint: it trains through its hinted tokens even when flat."""
+        return any(e.teacher_prompt is not None for e in self.episodes)
+
+    @property
+    def has_signal(self) -> bool:
+        """Worth an update: rewards that differ, or a hint (what dynamic sampling keeps)."""
+        return not self.flat or self.hinted
 
     @property
     def tokens(self) -> int:

@@ -4,10 +4,11 @@
         --eval-scenarios artmlx.agents.calculator:EVAL_SCENARIOS --set max_reply_tokens=48
 
 Each scenario is `{"seed": N}` (the default scenarios of an agent run), optionally with `"task"`
-(`multiply` or `add`). The request passes the tool in OpenAI's `tools`: a model whose chat template
-calls tools (Qwen's) gets it rendered there, and the server returns its calls as `tool_calls`; a model
-whose template has none (SmolLM2's) reads the description in the system message and writes the call as
-text, which the agent parses itself. Either way the calculator's answer goes back as a `tool`
+(`multiply` or `add`) and `"hints": true` (the trajectory gets the environment's directive hint).
+The request passes the tool in OpenAI's `tools`: a model whose chat template calls tools (Qwen's)
+gets it rendered there, and the server returns its calls as `tool_calls`; a model whose template has
+none (SmolLM2's) reads the description in the system message and writes the call as text, which the
+agent parses itself. Either way the calculator's answer goes back as a `tool`
 message and the rewards are the environment's (`envs/calculator.py`), so `--env calculator` and this
 agent train the same task.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 
 from ..envs.calculator import TOOL, Calculator
+from ..hints import set_directive_hint
 from ..seeds import EVAL_SEED_BASE
 
 try:  # ART's own Trajectory when openpipe-art is installed; the same fields otherwise
@@ -31,7 +33,7 @@ EVAL_SCENARIOS = [{"seed": EVAL_SEED_BASE + i} for i in range(200)]
 
 
 async def rollout(client, scenario, model: str = "policy") -> Trajectory:
-    env = Calculator(task=scenario.get("task", "multiply"))
+    env = Calculator(task=scenario.get("task", "multiply"), hints=bool(scenario.get("hints", False)))
     trajectory = Trajectory(messages_and_choices=list(env.reset(int(scenario["seed"]))), tools=[TOOL])
     result = None
     for _ in range(MAX_TURNS):
@@ -55,4 +57,6 @@ async def rollout(client, scenario, model: str = "policy") -> Trajectory:
     trajectory.reward = float(result.reward) if result is not None and result.done else 0.0
     trajectory.metrics.update(score=float(info.get("score", 0.0)), tool_calls=float(info.get("tool_calls", 0)),
                               tool_errors=float(info.get("tool_errors", 0)))
+    if scenario.get("hints"):  # a directive hint (`learner/distill.py`): the failed call's error, the call, the answer
+        set_directive_hint(trajectory, env.hint())
     return trajectory

@@ -136,7 +136,7 @@ class ActorService:
             for group in rollouts.play(seeds, config.group_size, key, version):
                 played += 1
                 policy_tokens += group.policy_tokens
-                if config.dynamic_sampling_rounds and group.flat:
+                if config.dynamic_sampling_rounds and not group.has_signal:
                     flat_skipped += 1  # dynamic sampling: no gradient in it; the next batch plays new tasks
                     continue
                 group.group_id = f"{self.name}-{uuid.uuid4().hex}"

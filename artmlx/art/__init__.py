@@ -6,8 +6,9 @@ return type and for ART's own classes in user code; `rollout/choices.py` works o
 
 from . import compat
 from .backend import MLXBackend
+from ..hints import set_directive_hint
 from ..rollout.choices import TrajectoryRefused, trajectory_episode
 
 compat.install()  # ART's PipelineTrainer imports art.local.backend, which needs torch only on NVIDIA
 
-__all__ = ["MLXBackend", "TrajectoryRefused", "trajectory_episode"]
+__all__ = ["MLXBackend", "TrajectoryRefused", "set_directive_hint", "trajectory_episode"]

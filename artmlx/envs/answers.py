@@ -10,7 +10,9 @@ the last number in the reply (commas between digit groups allowed: "1,250"). Rew
 The small reward for a well-formed wrong answer gives a weak model a gradient before it is ever
 right: in a group where every reply is wrong, the ones that answered with a number still beat the
 ones that did not. Set it to 0 for the plain 0/1 reward. `score` (what evaluation averages) is 1 for
-correct and 0 otherwise.
+correct and 0 otherwise. With `hints = true` in `env_args`, every episode's last step carries the
+directive hint "The answer is N." (`info["hint"]`): the teacher that reads it scores the reply's tokens,
+and the policy learns token by token what it would have said knowing the answer (`learner/distill.py`).
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ def grade(text: str, answer: float, format_reward: float = 0.1) -> tuple[str, fl
     return "wrong", format_reward
 
 
-def final_step(text: str, answer: float, format_reward: float, **info) -> StepResult:
-    """The step that ends a one-question episode: graded, with `answer` and `outcome` in its info."""
+def final_step(text: str, answer: float, format_reward: float, hints: bool = False, **info) -> StepResult:
+    """The step that ends a one-question episode: graded, with `answer` and `outcome` in its info; with
+    `hints`, `info["hint"]` states the answer (a directive hint: `learner/distill.py`)."""
     outcome, reward = grade(text, answer, format_reward)
+    if hints:
+        info["hint"] = answer_hint(answer)
     return StepResult([], reward, True, {"outcome": outcome, "score": float(outcome == "correct"),
                                          "answer": _plain(answer), **info})
+
+
+def answer_hint(answer: float) -> str:
+    """The hint of a question with a numeric answer: the answer, in the form the grader reads."""
+    return f"The answer is {_plain(answer)}."
 
 
 def _plain(number: float) -> int | float:
@@ -56,3 +66,9 @@ def check_format_reward(value: float) -> float:
     if not 0 <= value < 1:
         raise ValueError(f"format_reward must be in [0, 1) (below a correct answer's 1), got {value}")
     return float(value)
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value

@@ -18,7 +18,8 @@ graded on its last number. Rewards:
     no number                                                   0
 
 so a weak model is paid first for using the tool at all, then for copying its result. `info`
-counts `tool_calls` and `tool_errors`. The same task, played by an ART-style agent through the
+counts `tool_calls` and `tool_errors`. With `hints = true` the last step carries a directive hint
+(`learner/distill.py`): the error of the last failed call if there was one, the call to make, and the answer. The same task, played by an ART-style agent through the
 OpenAI API, is `artmlx.agents.calculator:rollout`.
 """
 
@@ -30,7 +31,7 @@ import operator
 import random
 import re
 
-from .answers import OUTCOMES, check_format_reward, final_number
+from .answers import OUTCOMES, check_flag, check_format_reward, final_number
 from .base import StepResult
 
 TOOL_NAME = "calculator"
@@ -121,12 +122,17 @@ def grade_episode(final_text: str, answer: int, called: bool, tool_reward: float
     return ("wrong", format_reward) if value is not None else ("unparseable", 0.0)
 
 
+def call_text(expression: str) -> str:
+    """A well-formed calculator call, as the system message shows it."""
+    return f'<tool_call>\n{{"name": "{TOOL_NAME}", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+
+
 class Calculator:
     name = "calculator"
     outcomes = OUTCOMES
 
     def __init__(self, task: str = "multiply", tool_reward: float = 0.2, format_reward: float = 0.1,
-                 result_role: str = "tool", system: str = SYSTEM):
+                 result_role: str = "tool", system: str = SYSTEM, hints: bool = False):
         if task not in ("multiply", "add"):
             raise ValueError(f"calculator task must be 'multiply' or 'add', got {task!r}")
         if result_role not in ("tool", "user"):
@@ -134,22 +140,34 @@ class Calculator:
         self.task, self.result_role, self.system = task, result_role, system
         self.tool_reward, self.format_reward = check_format_reward(tool_reward), check_format_reward(format_reward)
         self.answer, self.calls, self.errors = 0, 0, 0
+        self.hints, self.expression, self.last_error = check_flag("hints", hints), "", ""
 
     def reset(self, seed: int) -> list[dict]:
         question, self.answer = make_task(seed, self.task)
+        self.expression = question.removeprefix("What is ").rstrip("?").replace("×", "*")
         self.calls = self.errors = 0
+        self.last_error = ""
         return [{"role": "system", "content": self.system}, {"role": "user", "content": question}]
+
+    def hint(self) -> str:
+        """The directive hint of the episode so far: the failed call's error, the call to make, the answer."""
+        failed = f"Your calculator call failed ({self.last_error}). " if self.last_error else ""
+        return f"{failed}Call the calculator with {call_text(self.expression)} and then answer {self.answer}."
 
     def step(self, assistant_text: str) -> StepResult:
         expression, error = parse_call(assistant_text)
         if expression is None and error is None:  # no call: this is the answer
             outcome, reward = grade_episode(assistant_text, self.answer, self.calls > self.errors,
                                             self.tool_reward, self.format_reward)
-            return StepResult([], reward, True, {"outcome": outcome, "score": float(outcome == "correct"),
-                                                 "answer": self.answer, "tool_calls": self.calls,
-                                                 "tool_errors": self.errors})
+            info = {"outcome": outcome, "score": float(outcome == "correct"), "answer": self.answer,
+                    "tool_calls": self.calls, "tool_errors": self.errors}
+            if self.hints:
+                info["hint"] = self.hint()
+            return StepResult([], reward, True, info)
         self.calls += 1
         result = error or calculate(expression)
-        self.errors += result.startswith("error")
+        if result.startswith("error"):
+            self.errors += 1
+            self.last_error = result
         return StepResult([{"role": self.result_role, "content": result}], 0.0, False,
                           {"tool_calls": self.calls, "tool_errors": self.errors})

@@ -2,7 +2,8 @@
 
 The user asks "What is 7 + 12? Answer with just the number." (operands drawn from the seed between
 `min_operand` and `max_operand`, the operator from `operators`); the answer is the last number in the
-reply and the reward is `answers.py`'s: 1 right, `format_reward` for a wrong number, 0 for no number.
+reply and the reward is `answers.py`'s: 1 right, `format_reward` for a wrong number, 0 for no number;
+`hints = true` gives every episode the directive hint "The answer is N." (`learner/distill.py`).
 
 SmolLM2-135M-Instruct on sums of 0-20 in this form (200 held-out questions, 16-token replies):
 0.13 right when sampled at temperature 1, 0.40 greedily; without the "Answer with just the number."
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 
 from .answers import OUTCOMES, check_format_reward, final_step
+from .answers import check_flag as _flag
 
 INSTRUCTION = "Answer with just the number."
 _SYMBOLS = {"+": "+", "-": "-", "*": "×"}
@@ -24,7 +26,7 @@ class MathQuestion:
     outcomes = OUTCOMES
 
     def __init__(self, min_operand: int = 0, max_operand: int = 20, operators: str = "+",
-                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1):
+                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1, hints: bool = False):
         if not 0 <= min_operand <= max_operand:
             raise ValueError(f"math needs 0 <= min_operand <= max_operand, got {min_operand} and {max_operand}")
         if not operators or set(operators) - set(_SYMBOLS):
@@ -32,6 +34,7 @@ class MathQuestion:
         self.min_operand, self.max_operand, self.operators = min_operand, max_operand, operators
         self.instruction, self.system = instruction, system
         self.format_reward = check_format_reward(format_reward)
+        self.hints = _flag("hints", hints)
         self.answer = 0
 
     def question(self, seed: int) -> tuple[str, int]:
@@ -49,4 +52,4 @@ class MathQuestion:
         return system + [{"role": "user", "content": text}]
 
     def step(self, assistant_text: str):
-        return final_step(assistant_text, self.answer, self.format_reward)
+        return final_step(assistant_text, self.answer, self.format_reward, self.hints)

@@ -3,7 +3,8 @@
 Each seed picks a template, names, objects and numbers (`max_number` bounds the numbers a problem
 states; answers stay whole and non-negative). `steps` chooses the templates: 1 (one operation),
 2 (two), or 3 (three), any number of them, e.g. "12". The answer is the last number in the reply and
-the reward `answers.py`'s (1 right, `format_reward` for a wrong number, 0 for none). `info` carries
+the reward `answers.py`'s (1 right, `format_reward` for a wrong number, 0 for none); `hints = true`
+gives every episode the directive hint "The answer is N.". `info` carries
 the template's name, so evaluation can be broken down by kind.
 """
 
@@ -13,6 +14,7 @@ import random
 from typing import Callable, NamedTuple
 
 from .answers import OUTCOMES, check_format_reward, final_step
+from .answers import check_flag as _flag
 
 INSTRUCTION = "Answer with just the number."
 NAMES = ("Sam", "Maria", "Tom", "Aisha", "Leo", "Emma", "Ravi", "Lucy", "Omar", "Nina", "Ben", "Chloe")
@@ -102,7 +104,7 @@ class WordProblems:
     outcomes = OUTCOMES
 
     def __init__(self, steps: str = "12", max_number: int = 20, instruction: str = INSTRUCTION, system: str = "",
-                 format_reward: float = 0.1):
+                 format_reward: float = 0.1, hints: bool = False):
         steps = str(steps)
         if not steps or set(steps) - set("123"):
             raise ValueError(f"word_problems steps must be digits among 1, 2 and 3 (e.g. \"12\"), got {steps!r}")
@@ -111,6 +113,7 @@ class WordProblems:
         self.problems = [p for p in PROBLEMS if str(p.steps) in steps]
         self.max_number, self.instruction, self.system = max_number, instruction, system
         self.format_reward = check_format_reward(format_reward)
+        self.hints = _flag("hints", hints)
         self.answer, self.kind = 0, ""
 
     def problem(self, seed: int) -> tuple[str, int, str]:
@@ -126,4 +129,4 @@ class WordProblems:
         return system + [{"role": "user", "content": text}]
 
     def step(self, assistant_text: str):
-        return final_step(assistant_text, self.answer, self.format_reward, kind=self.kind)
+        return final_step(assistant_text, self.answer, self.format_reward, self.hints, kind=self.kind)

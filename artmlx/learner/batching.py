@@ -101,7 +101,7 @@ class MicroBatch:
     targets: mx.array  # (B, T) next token ids
     mask: mx.array  # (B, T) 1 where the target was sampled by the policy
     behaviour_logprobs: mx.array  # (B, T)
-    advantages: mx.array  # (B,)
+    advantages: mx.array  # (B, T): each target's advantage (the episode's, or per token with a hint)
     policy_positions: mx.array  # (n,) flat indices into B x T of the policy targets (padded with 0 to pad_multiple)
     gather_back: mx.array  # (B x T,) index into the n policy logprobs, n (a zero) elsewhere
     episodes: list[int]
@@ -118,14 +118,19 @@ class MicroBatch:
 
 
 def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list[Unit],
-                    pad_multiple: int = 1) -> MicroBatch:
-    """Shift each transcript into (input, target) pairs after its unit's prefix and right-pad them."""
+                    pad_multiple: int = 1, token_advantages: dict[int, np.ndarray] | None = None) -> MicroBatch:
+    """Shift each transcript into (input, target) pairs after its unit's prefix and right-pad them.
+
+    `advantages` holds one per episode; `token_advantages` (episode index -> one per token of the episode,
+    `distill.token_advantages`) replaces it token by token for the episodes it names."""
+    token_advantages = token_advantages or {}
     rows = [(u, i) for u, unit in enumerate(units) for i in unit.episodes]
     width = padded_length(max(unit.width for unit in units), pad_multiple)
     prefix_width = padded_length(max(max(unit.prefix - 1, 0) for unit in units), pad_multiple)
     shape = (len(rows), width)
     inputs, targets = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
     mask, behaviour = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    advantage = np.zeros(shape, np.float32)
     row_prefix = np.zeros(len(rows), np.int32)
     for row, (u, i) in enumerate(rows):
         episode = episodes[i]
@@ -135,6 +140,10 @@ def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list
         inputs[row, :n], targets[row, :n] = tokens[start:-1], tokens[start + 1 :]
         mask[row, :n] = np.asarray(episode.policy_mask[start + 1 :], np.float32)
         behaviour[row, :n] = np.asarray(episode.logprobs[start + 1 :], np.float32)
+        if i in token_advantages:
+            advantage[row, :n] = np.asarray(token_advantages[i], np.float32)[start + 1 :]
+        else:
+            advantage[row, :n] = advantages[i]
         row_prefix[row] = u
     prefix_lengths = np.array([max(unit.prefix - 1, 0) for unit in units], np.int32)
     prefix_inputs = None
@@ -157,7 +166,7 @@ def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list
         targets=mx.array(targets),
         mask=mx.array(mask),
         behaviour_logprobs=mx.array(behaviour),
-        advantages=mx.array(np.asarray(advantages, np.float32)[[i for _, i in rows]]),
+        advantages=mx.array(advantage),
         policy_positions=mx.array(padded),
         gather_back=mx.array(gather_back),
         episodes=[i for _, i in rows],

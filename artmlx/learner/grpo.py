@@ -84,11 +84,12 @@ def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, 
                 weights: mx.array, settings: LossSettings, base_logp: mx.array | None = None):
     """Weighted loss sum for one micro-batch, and metric sums over its policy tokens.
 
-    logp, behaviour_logp, mask, weights, base_logp: (B, T); advantages: (B,).
+    logp, behaviour_logp, mask, weights, base_logp: (B, T); advantages: (B,) one per episode, or (B, T) one
+    per token (`distill.py`: a directive hint's teacher gives each token its own).
     Returns (loss, metrics) where metrics hold sums (divide by `tokens`) and a max.
     """
     mask = mask.astype(mx.float32)
-    adv = advantages[:, None]
+    adv = advantages if advantages.ndim == 2 else advantages[:, None]
     log_ratio = (logp - behaviour_logp) * mask
     ratio = mx.exp(log_ratio)
     low, high = 1.0 - settings.eps_low, 1.0 + settings.eps_high

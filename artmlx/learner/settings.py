@@ -29,6 +29,9 @@ class TrainerSettings:
     compile_step: bool
     grad_checkpoint: str
     lora_dropout: float
+    hint_teacher: str  # directive hints (`distill.py`): "base" (LoRA off) or "policy"
+    hint_weight: float
+    reward_weight: float
 
     @classmethod
     def of(cls, config) -> "TrainerSettings":

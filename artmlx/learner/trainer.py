@@ -13,8 +13,10 @@ finite is not applied (the adapters and AdamW state stay as they were) and is co
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -30,6 +32,7 @@ from ..trajectory import Episode, Group
 from .batching import MicroBatch, make_microbatch, make_units, pack_units
 from .checkpointing import checkpointed
 from .data_parallel import shard_groups, sum_across, sum_scalars, zeros_like_tree
+from .distill import token_advantages
 from .forward import policy_logprobs
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 from .settings import TrainerSettings
@@ -44,6 +47,7 @@ class _StepData:
     advantages: np.ndarray
     groups: list[list[int]]  # indices into `episodes`, one list per group
     skipped_episodes: int = 0  # episodes of zero-variance groups: counted by the seq_mean / constant denominators
+    token_advantages: dict | None = None  # episode index -> per-token advantages, for hinted episodes
 
 
 class GRPOTrainer:
@@ -128,13 +132,34 @@ class GRPOTrainer:
                                       self.checkpoints(episodes))
 
     def microbatches(self, episodes: list[Episode], advantages: np.ndarray,
-                     groups: list[list[int]]) -> list[MicroBatch]:
+                     groups: list[list[int]], token_advantages: dict | None = None) -> list[MicroBatch]:
         """The micro-batches of the given groups (each a list of indices into `episodes`)."""
         config = self.config
         budget = self.batch_tokens([episodes[i] for members in groups for i in members])
         units = make_units(episodes, groups, budget, config.pad_multiple)
-        return [make_microbatch(episodes, advantages, packed, config.pad_multiple)
+        return [make_microbatch(episodes, advantages, packed, config.pad_multiple, token_advantages)
                 for packed in pack_units(units, budget, config.pad_multiple)]
+
+    def teacher_logprobs(self, episodes: list[Episode], groups: list[list[int]]) -> dict[int, np.ndarray]:
+        """For each hinted episode (index into `episodes`), the teacher's logprobs of its sampled tokens, in
+        order: the episode re-scored after its teacher prompt (`Episode.teacher_episode`) by the frozen base
+        (`hint_teacher = "base"`: LoRA off) or the current policy, without gradient (`distill.py`)."""
+        hinted = [[i for i in members if episodes[i].teacher_prompt is not None] for members in groups]
+        hinted = [members for members in hinted if members]
+        if not hinted:
+            return {}
+        teacher = {i: episodes[i].teacher_episode() for members in hinted for i in members}
+        order = sorted(teacher)
+        local = {i: k for k, i in enumerate(order)}
+        batches = self.microbatches([teacher[i] for i in order], np.zeros(len(order), np.float32),
+                                    [[local[i] for i in members] for members in hinted])
+        out = {}
+        with lora_disabled(self.model) if self.config.hint_teacher == "base" else _nothing():
+            for batch in batches:
+                logp, mask = np.array(self.policy_logprobs(batch)), np.array(batch.mask) > 0
+                for row, k in enumerate(batch.episodes):
+                    out[order[k]] = logp[row][mask[row]]
+        return out
 
     def recompute(self, groups: list[Group]) -> tuple[np.ndarray, np.ndarray]:
         """This learner's logprobs of every policy token of `groups` and the sampler's, as flat arrays.
@@ -167,7 +192,7 @@ class GRPOTrainer:
             rewards = np.concatenate([g.rewards for g in groups])
         episodes, episode_advantages, members = [], [], []
         for g, group in enumerate(groups):
-            if zero_variance[g]:
+            if zero_variance[g] and not group.hinted:  # a flat group with hints still trains through them
                 continue
             members.append(list(range(len(episodes), len(episodes) + len(group.episodes))))
             episodes += group.episodes
@@ -178,8 +203,35 @@ class GRPOTrainer:
             "reward_mean": float(np.asarray(rewards).mean()),
             "reward_std": float(np.asarray(rewards).std()),
         }
-        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g])
-        return _StepData(episodes, np.asarray(episode_advantages, np.float32), members, skipped), stats
+        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g] and not group.hinted)
+        data = _StepData(episodes, np.asarray(episode_advantages, np.float32), members, skipped)
+        stats.update(self._hint_advantages(data))
+        return data, stats
+
+    def _hint_advantages(self, data: _StepData) -> dict:
+        """The teacher pass and the hinted episodes' per-token advantages; its metrics (none without hints)."""
+        if not any(e.teacher_prompt is not None for e in data.episodes):
+            return {}
+        config = self.config
+        started = time.perf_counter()
+        teacher = self.teacher_logprobs(data.episodes, data.groups)
+        teacher_seconds = time.perf_counter() - started
+        data.token_advantages, gaps, reward_terms = {}, [], []
+        for i, logp in teacher.items():
+            episode = data.episodes[i]
+            mask = np.asarray(episode.policy_mask, bool)
+            data.token_advantages[i] = token_advantages(float(data.advantages[i]), mask, np.asarray(episode.logprobs),
+                                                        logp, config.reward_weight, config.hint_weight)
+            gaps.append(logp - np.asarray(episode.logprobs, np.float32)[mask])
+        for i, episode in enumerate(data.episodes):
+            reward_terms.append(np.full(episode.policy_tokens, abs(config.reward_weight * float(data.advantages[i]))))
+        gap = np.concatenate(gaps) if gaps else np.zeros(0, np.float32)
+        all_tokens = max(1, sum(e.policy_tokens for e in data.episodes))
+        return {"hinted_token_frac": len(gap) / all_tokens, "teacher_seconds": teacher_seconds,
+                "hint_logratio_mean": float(gap.mean()) if len(gap) else 0.0,
+                # how much of the update's advantage came from each term (mean absolute value per token)
+                "advantage_reward_abs": float(np.concatenate(reward_terms).sum() / all_tokens),
+                "advantage_hint_abs": float(np.abs(config.hint_weight * gap).sum() / all_tokens)}
 
     def train_step(self, groups: list[Group]) -> dict:
         """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
@@ -237,7 +289,7 @@ class GRPOTrainer:
         if self.group is not None:  # this rank's whole groups; the weights above still count the whole step's
             costs = [sum(len(data.episodes[i].tokens) for i in members) for members in groups]
             share = [groups[g] for g in shard_groups(costs, self.group.size())[self.group.rank()]]
-        for batch in self.microbatches(data.episodes, data.advantages, share) if share else []:
+        for batch in self.microbatches(data.episodes, data.advantages, share, data.token_advantages) if share else []:
             weights = token_weights(batch.mask, config.normalization, len(episodes) + flat_episodes, policy_tokens,
                                     config.constant_length)
             base_logp = None
@@ -272,6 +324,11 @@ class GRPOTrainer:
         self.optimizer.update(self.model, grads)
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
         return norm
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
 
 
 def _policy_fraction(episodes: list[Episode]) -> float:

@@ -65,9 +65,9 @@ class GroupLimits:
 
 def inbound_message_limit(limits: GroupLimits) -> int:
     """Bytes one whole message from an actor may have: a full group (nine bytes a token over its
-    arrays: int32 ids, float32 logprobs, a bool mask) with room for the header, at least 4 MB.
+    arrays: int32 ids, float32 logprobs, a bool mask, and as many int32 ids again for hints' teacher prompts) with room for the header, at least 4 MB.
     The gateway (gateway.py) enforces it over all frames together."""
-    return max(4 << 20, 9 * limits.group_size * limits.max_tokens + DEFAULT_LIMITS.max_header_bytes + (64 << 10))
+    return max(4 << 20, 13 * limits.group_size * limits.max_tokens + DEFAULT_LIMITS.max_header_bytes + (64 << 10))
 
 
 def group_problem(group: TrajectoryGroup, limits: GroupLimits, sender: str) -> str:
@@ -83,6 +83,11 @@ def group_problem(group: TrajectoryGroup, limits: GroupLimits, sender: str) -> s
                 + (f" (at least {smallest})" if smallest < limits.group_size else ""))
     if len(group.tokens) and int(group.tokens.max()) >= limits.vocab_size:
         return f"token id {int(group.tokens.max())} is outside the vocabulary ({limits.vocab_size} ids)"
+    if len(group.teacher_tokens) and int(group.teacher_tokens.max()) >= limits.vocab_size:
+        return f"teacher token id {int(group.teacher_tokens.max())} is outside the vocabulary ({limits.vocab_size} ids)"
+    if int(group.teacher_lengths.max()) > limits.max_tokens:
+        return f"a hint's teacher prompt has {int(group.teacher_lengths.max())} tokens, more than the run allows " \
+               f"({limits.max_tokens})"
     longest = int(group.lengths.max())
     if longest > limits.max_tokens:
         return f"an episode has {longest} tokens, more than the run allows ({limits.max_tokens})"

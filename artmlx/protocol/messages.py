@@ -72,6 +72,7 @@ class TrajectoryGroup:
         "rewards": ("array", ("float32",), 1), "scores": ("array", ("float32",), 1),
         "turns": ("array", ("int32",), 1), "truncated": ("array", ("bool",), 1),
         "outcomes": ("str_list", 32),
+        "teacher_tokens": ("array", ("int32",), 1), "teacher_lengths": ("array", ("int32",), 1),
     }
     group_id: str
     actor: str
@@ -88,6 +89,15 @@ class TrajectoryGroup:
     turns: np.ndarray
     truncated: np.ndarray
     outcomes: list
+    teacher_tokens: np.ndarray | None = None  # directive hints: each hinted episode's teacher prompt, concatenated
+    teacher_lengths: np.ndarray | None = None  # per episode: its teacher prompt's length, 0 without a hint
+
+    def __post_init__(self):
+        """No hints unless given (the wire always carries both arrays)."""
+        if self.teacher_tokens is None:
+            self.teacher_tokens = np.zeros(0, np.int32)
+        if self.teacher_lengths is None:
+            self.teacher_lengths = np.zeros(len(self.lengths), np.int32)
 
     def check(self) -> None:
         n, g = len(self.tokens), len(self.lengths)
@@ -101,6 +111,12 @@ class TrajectoryGroup:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries for {g} episodes")
         if len(self.outcomes) != g:
             raise ValueError(f"outcomes has {len(self.outcomes)} entries for {g} episodes")
+        if len(self.teacher_lengths) != g:
+            raise ValueError(f"teacher_lengths has {len(self.teacher_lengths)} entries for {g} episodes")
+        if (self.teacher_lengths < 0).any() or int(self.teacher_lengths.sum(dtype=np.int64)) != len(self.teacher_tokens):
+            raise ValueError(f"teacher_lengths must be >= 0 and sum to the teacher token count {len(self.teacher_tokens)}")
+        if (self.teacher_tokens < 0).any():
+            raise ValueError("teacher token ids must be >= 0")
         if (self.lengths < 2).any() or int(self.lengths.sum(dtype=np.int64)) != n:
             raise ValueError(f"episode lengths must be >= 2 and sum to the token count {n}")
         if (self.tokens < 0).any():

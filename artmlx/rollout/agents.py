@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..hints import set_directive_hint
 from ..model.families import vocab_size
 from ..trajectory import Group
 from .agent_code import AgentModel, signature_text, takes_model
@@ -64,6 +65,10 @@ class Trajectory:
     def messages(self) -> list[dict]:
         """The chat messages to send next, each choice as its assistant message."""
         return messages_before(self.messages_and_choices)
+
+    def set_directive_hint(self, hint: str) -> None:
+        """What should have been different, in words: trained token by token (`learner/distill.py`)."""
+        set_directive_hint(self, hint)
 
 
 class RolloutsFailing(RuntimeError):

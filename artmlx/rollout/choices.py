@@ -30,6 +30,10 @@ compare different distributions), when it has
 happens when the chat template renders an earlier reply differently from the tokens the model
 sampled (tool-call JSON re-serialised, reasoning dropped): ART re-tokenises such turns in place;
 artmlx trains a trajectory as the one sequence the model saw and refuses what is not one.
+
+A directive hint (`set_directive_hint(trajectory, hint)`, or `metadata["directive_hint"]` set by hand)
+becomes the episode's teacher prompt: the first reply's messages and tools, the hint appended to the last
+user message (`hints.py`), rendered by the chat template (`learner/distill.py` trains on it).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import math
 
 from ..chat import ChatFormat
+from ..hints import HINT_KEY, hinted_messages
 from ..trajectory import Episode
 
 
@@ -181,6 +186,38 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
     reward = float(trajectory.reward)
     if not math.isfinite(reward):
         raise TrajectoryRefused(f"reward {reward} is not finite")
-    return Episode(tokens, mask, logprobs, reward=reward, turns=choices,
-                   info={"metrics": dict(getattr(trajectory, "metrics", {}) or {}),
-                         "adapter_version": min(versions) if versions else None})
+    episode = Episode(tokens, mask, logprobs, reward=reward, turns=choices,
+                      info={"metrics": dict(getattr(trajectory, "metrics", {}) or {}),
+                            "adapter_version": min(versions) if versions else None})
+    hint = directive_hint(trajectory)
+    if hint is not None:
+        messages, tools = _opening(trajectory, exchanges)
+        try:
+            episode.teacher_prompt = chat.prompt_ids(hinted_messages(messages, hint), tools)
+        except ValueError as error:
+            raise TrajectoryRefused(f"its directive hint cannot be placed: {error}") from None
+        if any(not 0 <= t < vocab_size for t in episode.teacher_prompt):
+            raise TrajectoryRefused(f"a token id of the hint's teacher prompt is outside the vocabulary [0, {vocab_size})")
+    return episode
+
+
+def directive_hint(trajectory) -> str | None:
+    """The trajectory's directive hint: `metadata["directive_hint"]` (what `set_directive_hint` writes), or None."""
+    metadata = getattr(trajectory, "metadata", None) or {}
+    hint = metadata.get(HINT_KEY) if isinstance(metadata, dict) else None
+    if hint is None or hint == "":
+        return None
+    if not isinstance(hint, str):
+        raise TrajectoryRefused(f"metadata[{HINT_KEY!r}] must be a string, got {type(hint).__name__}")
+    return hint
+
+
+def _opening(trajectory, exchanges) -> tuple[list[dict], list | None]:
+    """The messages (and tools) the first sampled reply answered: where a hint's teacher context starts."""
+    if exchanges:
+        request = dict(exchanges.chat_completions[0].request)
+        return messages_before(list(request.get("messages") or [])), request.get("tools") or None
+    items = list(trajectory.messages_and_choices)
+    first = next(index for index, item in enumerate(items) if is_choice(item))
+    tools = list(trajectory.tools) if getattr(trajectory, "tools", None) else None
+    return messages_before(items[:first]), tools

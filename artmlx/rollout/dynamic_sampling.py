@@ -10,6 +10,7 @@ sampling new tasks until the batch holds `wanted` groups with signal:
   the same update);
 - each further round plays new seeds, as many as the missing groups divided by the share of groups
   with signal seen so far (at most `wanted`), until the batch is full or `extra_rounds` are spent;
+- a flat group whose episodes carry directive hints has signal (it trains through its hinted tokens);
 - every group with signal is kept (a last round may bring a few more than `wanted`): nothing that
   carries a gradient is thrown away. Flat groups are counted, not trained.
 
@@ -34,7 +35,7 @@ def sample_with_signal(play_round: Callable[[int, int], list[Group]], wanted: in
     groups = play_round(0, wanted)
     if extra_rounds <= 0 or not groups:  # off, or abandoned (an actor's tick)
         return groups, {}
-    kept = [group for group in groups if not group.flat]
+    kept = [group for group in groups if group.has_signal]
     played, rounds = len(groups), 1
     while len(kept) < wanted and rounds <= extra_rounds:
         missing = wanted - len(kept)
@@ -44,6 +45,6 @@ def sample_with_signal(play_round: Callable[[int, int], list[Group]], wanted: in
             return [], {}
         rounds += 1
         played += len(groups)
-        kept += [group for group in groups if not group.flat]
+        kept += [group for group in groups if group.has_signal]
     counts = {"groups_sampled": played, "groups_flat_skipped": played - len(kept), "sampling_rounds": rounds}
     return (kept or groups), counts

@@ -24,6 +24,7 @@ from ..engine.generate import Engine
 from ..engine.memory import MemoryPlan, slots_for
 from ..model.policy import set_adapter_weights
 from ..envs.base import Env
+from ..hints import hinted_messages
 from ..trajectory import Episode, Group
 from .base import FailureLog
 
@@ -52,6 +53,7 @@ class _Live:
     env: Env
     episode: Episode
     cached: int
+    opening: list[dict]  # the messages `env.reset` gave: a hint's teacher context starts from them
 
 
 class EpisodeRollouts:
@@ -115,7 +117,7 @@ class EpisodeRollouts:
             openings.append(prompt)
             for env in envs:
                 episode = Episode(list(prompt), [False] * len(prompt), [0.0] * len(prompt))
-                live.append(_Live(env, episode, len(prompt)))
+                live.append(_Live(env, episode, len(prompt), messages[0]))
 
         engine, sampling = self.engine, self.sampling
         cache = engine.new_cache(len(seeds))
@@ -167,6 +169,9 @@ class EpisodeRollouts:
         result = item.env.step(self.chat.reply_text(reply))
         episode.reward += float(result.reward)
         episode.info = dict(result.info)
+        hint = episode.info.pop("hint", None)
+        if hint is not None:  # the latest hint of the episode is its teacher's (learner/distill.py)
+            episode.teacher_prompt = self.chat.prompt_ids(hinted_messages(item.opening, hint))
         if result.done:
             return False
         continuation = self.chat.continuation_ids(result.messages, reply[-1] if reply else None)

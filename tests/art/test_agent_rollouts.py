@@ -259,3 +259,43 @@ def test_an_actors_agent_server_is_sized_by_its_memory_budget():
         assert rollouts.server.scheduler.prefix.max_bytes == prefix
     finally:
         rollouts.close()
+
+
+def test_an_agents_directive_hint_becomes_its_episodes_teacher_prompt(server):
+    from artmlx.agents.calculator import TOOL, rollout as calculator
+    from artmlx.envs.calculator import Calculator
+    from artmlx.hints import hinted_messages
+
+    hints = []
+
+    async def hinted(client, scenario):
+        trajectory = await calculator(client, {**scenario, "hints": True})
+        hints.append((trajectory.metadata["directive_hint"], trajectory.tools))  # ART's Trajectory may reorder keys
+        return trajectory
+
+    groups = AgentRollouts(server, hinted, [], temperature=1.0).play([7], group_size=2)
+    opening = Calculator().reset(7)
+    assert len(hints) == 2 and all("and then answer" in hint for hint, _ in hints)
+    for episode in groups[0].episodes:  # the prompt the server built, and the teacher's with the hint in it
+        assert episode.tokens[: episode.prompt_length] == server.prompt_ids(opening, [TOOL])
+    assert sorted(e.teacher_prompt for e in groups[0].episodes) == \
+        sorted(server.chat.prompt_ids(hinted_messages(opening, hint), tools) for hint, tools in hints)
+
+    async def bad(client, scenario):
+        trajectory = await load_rollout(EXAMPLE)(client, scenario)
+        trajectory.metadata["directive_hint"] = 3
+        return trajectory
+
+    failing = AgentRollouts(server, bad, [], temperature=1.0)
+    assert failing.play([0], group_size=2) == []
+    assert any("directive_hint" in line and "must be a string" in line for line in failing.failures.counts)
+
+
+def test_set_directive_hint_refuses_an_empty_hint():
+    from artmlx.hints import set_directive_hint
+
+    trajectory = Trajectory()
+    trajectory.set_directive_hint("Use cell 5.")
+    assert trajectory.metadata == {"directive_hint": "Use cell 5."}
+    with pytest.raises(ValueError, match="non-empty string"):
+        set_directive_hint(trajectory, "  ")

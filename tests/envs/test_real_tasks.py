@@ -130,3 +130,28 @@ def test_real_tasks_are_built_by_name_with_their_arguments(name):
     assert env.name == name and env.reset(1)
     with pytest.raises((ValueError, TypeError)):
         make_env(name, {"no_such_argument": 1})
+
+
+def test_hints_are_optional_and_state_what_should_have_been_different():
+    plain = MathQuestion()
+    plain.reset(3)
+    assert "hint" not in plain.step("5").info
+    env = MathQuestion(hints=True)
+    env.reset(3)
+    assert env.step("5").info["hint"] == f"The answer is {env.answer}."
+    words = WordProblems(hints=True)
+    words.reset(9)
+    assert words.step("1").info["hint"] == f"The answer is {words.answer}."
+    calculator = Calculator(hints=True)
+    calculator.reset(5)
+    calculator.step("<tool_call>{oops}</tool_call>")
+    hint = calculator.step("It is 3.").info["hint"]
+    _, answer = make_task(5, "multiply")
+    assert hint.startswith("Your calculator call failed (error: the tool call is not valid JSON")
+    assert hint.endswith(f"and then answer {answer}.") and '"expression": "' in hint
+    calculator.reset(5)
+    assert calculator.step("It is 3.").info["hint"].startswith("Call the calculator with <tool_call>")
+    for cls in (MathQuestion, WordProblems, Calculator):
+        with pytest.raises(ValueError, match="hints must be true or false"):
+            cls(hints="yes")
+    assert make_env("math", {"hints": True}).hints

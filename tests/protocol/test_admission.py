@@ -119,8 +119,9 @@ def test_messages_from_actors_are_limited_by_the_run():
     assert inbound_message_limit(LIMITS) == 4 << 20  # small runs: the floor
     big = GroupLimits(env="e", group_size=64, vocab_size=10, max_tokens=65536, max_turns=1, max_reply_tokens=1)
     full = 64 * 65536
-    assert inbound_message_limit(big) > full * (4 + 4 + 1)  # ids, logprobs and mask of a full group
-    assert inbound_message_limit(big) < full * 10
+    # ids, logprobs and mask of a full group, and a teacher prompt (hints) as long as each episode
+    assert inbound_message_limit(big) > full * (4 + 4 + 1 + 4)
+    assert inbound_message_limit(big) < full * 14
     # The longest honest group of a run, encoded, fits.
     longest = honest_group(lengths=(LIMITS.max_tokens,) * LIMITS.group_size)
     assert sum(len(frame) for frame in encode(longest)) < inbound_message_limit(LIMITS)

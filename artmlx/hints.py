@@ -1,0 +1,37 @@
+"""Directive hints as text: where a hint goes in the teacher's context (`learner/distill.py` uses it).
+
+An environment returns a hint in `info["hint"]`; an agent calls `set_directive_hint(trajectory, hint)`
+(or `trajectory.set_directive_hint(hint)` on artmlx's own `Trajectory`). The rollout turns it into the
+teacher's prompt with `hinted_messages`, so actors, the ART adapter and the learner build the same one.
+"""
+
+from __future__ import annotations
+
+HINT_TEMPLATE = "\n\n[user's hint / instruction]\n{hint}"
+"""Appended to the last user message of the episode's opening (OpenClaw-RL's `openclaw-opd/` form)."""
+MAX_HINT_CHARS = 2000
+"""Longer hints are cut: the teacher prompt must stay within the run's episode length."""
+HINT_KEY = "directive_hint"
+"""Where an agent's trajectory carries its hint: `trajectory.metadata[HINT_KEY]`."""
+
+
+def set_directive_hint(trajectory, hint: str) -> None:
+    """Give an agent's trajectory (ART's `art.Trajectory` or artmlx's own) a directive hint: what should have
+    been different, in words. The learner then trains each sampled token toward what a teacher that reads the
+    hint would have sampled (`learner/distill.py`). Its metadata carries it, so ART's own backends ignore it."""
+    if not isinstance(hint, str) or not hint.strip():
+        raise ValueError(f"a hint must be a non-empty string, got {hint!r:.80}")
+    trajectory.metadata[HINT_KEY] = hint
+
+
+def hinted_messages(messages: list[dict], hint: str) -> list[dict]:
+    """`messages` with the hint appended to the last user message (a copy; the original is kept)."""
+    if not isinstance(hint, str) or not hint.strip():
+        raise ValueError(f"a hint must be a non-empty string, got {hint!r:.80}")
+    hint = hint[:MAX_HINT_CHARS]
+    out = [dict(m) for m in messages]
+    for message in reversed(out):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            message["content"] = message["content"] + HINT_TEMPLATE.format(hint=hint)
+            return out
+    raise ValueError("a hint needs a user message with text content to append to")

@@ -1,0 +1,50 @@
+"""On-policy distillation from directive hints: a per-token advantage from a hinted teacher.
+
+After an episode the environment (or an agent) may know what should have been different: the right
+answer, the error of a failed tool call, the rule that was broken. That text is a *hint*. The teacher
+is a model that sees the hint; the student is the policy that sampled the episode without it. For each
+token a_t the student sampled in state s_t (OpenClaw-RL, Wang et al. 2026, "Hindsight-Guided On-Policy
+Distillation", `openclaw-opd/` and `openclaw-combine/combine_loss.py`):
+
+    A_opd(t) = log pi_teacher(a_t | s_t + hint) - log pi_old(a_t | s_t)
+
+positive where the hint makes the sampled token more likely (keep doing that), negative where the hint
+makes it less likely (this is what the hint says to change). It is combined with GRPO's episode
+advantage A_i (`grpo.group_advantages`) token by token:
+
+    A(t) = reward_weight * A_i + hint_weight * A_opd(t)        on a hinted episode's sampled tokens
+    A(t) = reward_weight * A_i                                  elsewhere
+
+(both weights 1 in OpenClaw-RL) and used in place of A_i in the same clipped objective
+(`grpo.policy_loss`). A group whose rewards are all equal has A_i = 0 and still trains through its
+hinted tokens.
+
+artmlx's choices, where the paper leaves room:
+- the teacher context is the episode's opening messages with the hint appended to the last user
+  message (`artmlx/hints.py`, OpenClaw-RL's form), then exactly the tokens the episode has after its
+  prompt; the teacher scores every sampled token of every turn at its own place;
+- the teacher is the frozen base (LoRA off, `hint_teacher = "base"`, as OpenClaw-RL) or the current
+  policy (`"policy"`, as SDPO's self-teacher), in the learner, once per update, without gradient;
+- log pi_old is the behaviour logprob recorded at sampling (the ratio's reference too), tempered by the
+  sampling temperature like the teacher's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+def token_advantages(episode_advantage: float, policy_mask: np.ndarray, behaviour: np.ndarray,
+                     teacher: np.ndarray | None, reward_weight: float = 1.0,
+                     hint_weight: float = 1.0) -> np.ndarray:
+    """Per-token advantages over one episode's tokens (0 where the policy did not sample).
+
+    `behaviour` is the episode's behaviour logprobs (0 off-policy), `teacher` the teacher's logprobs of the
+    episode's sampled tokens in order (one per sampled token), or None for an episode without a hint."""
+    mask = np.asarray(policy_mask, bool)
+    out = np.where(mask, np.float32(reward_weight * episode_advantage), np.float32(0.0)).astype(np.float32)
+    if teacher is not None:
+        teacher = np.asarray(teacher, np.float32)
+        if len(teacher) != int(mask.sum()):
+            raise ValueError(f"teacher logprobs for {len(teacher)} tokens, the episode sampled {int(mask.sum())}")
+        out[mask] += np.float32(hint_weight) * (teacher - np.asarray(behaviour, np.float32)[mask])
+    return out
