@@ -1,7 +1,7 @@
 """Tic-tac-toe: the agent plays X and moves first against a random or a perfect (minimax) O.
 
 Each user message is the board with every cell written next to its number (`1X 2. 3O 4. ...`);
-at this model size that encoding is learned far faster than a 3x3 grid (shared/NOTES.md). The
+at the tiny model's size that encoding is learned far faster than a 3x3 grid. The
 agent replies with a cell number; the first digit 1-9 in its reply is the move. A reply without
 one, or naming an occupied cell, ends the game as `illegal` with the lowest reward.
 
@@ -9,6 +9,10 @@ Rewards (defaults): win 1, draw 0.5, loss 0, illegal -0.5. `score` is 1 for a wi
 
 `style="grid"` poses the game for a real instruct model instead: the rules in words and the board
 as a 3 x 3 grid whose empty cells show their numbers (`render_grid`); the reply is parsed the same way.
+
+`hints=True` gives a lost or illegal game a directive hint (`learner/distill.py`): the rule the move
+broke ("cell 5 was already taken", with the empty cells), or the best moves of the position X last
+moved in (minimax).
 """
 
 from __future__ import annotations
@@ -91,13 +95,17 @@ class TicTacToe:
         reward_loss: float = 0.0,
         reward_illegal: float = -0.5,
         style: str = "cells",
+        hints: bool = False,
     ):
         if opponent not in ("random", "perfect"):
             raise ValueError(f"tictactoe opponent must be 'random' or 'perfect', got {opponent!r}")
         if style not in ("cells", "grid"):
             raise ValueError(f"tictactoe style must be 'cells' (the tiny model's) or 'grid' (an instruct model's), "
                              f"got {style!r}")
-        self.style = style
+        if not isinstance(hints, bool):
+            raise ValueError(f"hints must be true or false, got {hints!r}")
+        self.style, self.hints = style, hints
+        self.before = "." * 9  # the position X last moved in (a hint names its best moves)
         self.opponent = opponent
         self.rewards = {"win": reward_win, "draw": reward_draw, "loss": reward_loss, "illegal": reward_illegal}
         self.board = "." * 9
@@ -120,7 +128,20 @@ class TicTacToe:
     def _end(self, outcome: str, move: int | None) -> StepResult:
         self.done = True
         info = {"outcome": outcome, "score": float(outcome in ("win", "draw")), "move": move}
+        if self.hints and outcome in ("illegal", "loss"):
+            info["hint"] = self.hint(outcome, move)
         return StepResult([], self.rewards[outcome], True, info)
+
+    def hint(self, outcome: str, move: int | None) -> str:
+        """The rule a move broke, or the moves that were best where X lost (a directive hint)."""
+        empty = ", ".join(str(c + 1) for c, v in enumerate(self.board) if v == ".")
+        if outcome == "illegal":
+            broken = ("the reply named no cell" if move is None else f"cell {move + 1} was already taken")
+            return f"That move was illegal: {broken}. Reply with the number of an empty cell ({empty})."
+        best = sorted(perfect_moves(self.before, "X"))
+        moves = (f"move was cell {best[0] + 1}" if len(best) == 1
+                 else f"moves were cells {', '.join(str(c + 1) for c in best)}")
+        return f"You lost. From your last position the best {moves}."
 
     def step(self, assistant_text: str) -> StepResult:
         if self.done:
@@ -128,6 +149,7 @@ class TicTacToe:
         move = parse_move(assistant_text)
         if move is None or self.board[move] != ".":
             return self._end("illegal", move)
+        self.before = self.board
         self.board = place(self.board, move, "X")
         if winner(self.board):
             return self._end("win", move)

@@ -115,3 +115,35 @@ def test_arithmetic_scores_answers():
     assert env.step(f"{answer + 1}").reward == 0.0
     env.reset(3)
     assert env.step("dunno").info["outcome"] == "unparseable"
+
+
+def test_hints_name_the_broken_rule_or_the_best_moves_and_are_off_by_default():
+    from artmlx.envs.tictactoe import TicTacToe
+
+    env = TicTacToe(hints=True)
+    env.reset(0)
+    result = env.step("5")
+    while not result.done:
+        taken = next(c for c, v in enumerate(env.board) if v != ".")
+        result = env.step(str(taken + 1))  # an occupied cell: illegal
+    assert result.info["outcome"] == "illegal"
+    assert result.info["hint"].startswith(f"That move was illegal: cell {taken + 1} was already taken.")
+    empty = [str(c + 1) for c, v in enumerate(env.board) if v == "."]
+    assert result.info["hint"].endswith(f"({', '.join(empty)}).")
+    env.reset(0)
+    assert env.step("no move").info["hint"].startswith("That move was illegal: the reply named no cell.")
+
+    lost = TicTacToe(opponent="perfect", hints=True)
+    for seed in range(20):
+        lost.reset(seed)
+        result = lost.step("2")
+        while not result.done:
+            result = lost.step(str(next(c for c, v in enumerate(lost.board) if v == ".") + 1))
+        if result.info["outcome"] == "loss":
+            assert result.info["hint"].startswith("You lost. From your last position the best move")
+            break
+    else:
+        raise AssertionError("no loss against the perfect opponent in 20 games")
+    plain = TicTacToe()
+    plain.reset(0)
+    assert "hint" not in plain.step("no move").info
