@@ -9,6 +9,7 @@ itself. All three train the recipe's model on its task with its settings (group 
 reply length, learning rate, temperature 1, the task's reward and seeds):
 
 - `train`: `artmlx train --config RECIPE --steps N`, evaluating every `eval_every` updates in the run;
+- `train-hints`: the same with the task's directive hints on (`env_args` `hints = true`, docs/hints.md);
 - `run`: `artmlx run --config RECIPE --steps N` (a learner and 2 actor processes, evaluating in the learner);
 - `peer`: `benchmarks/peer_learn.py` (mlx-lm-lora's `train_grpo` for `--minutes` of training time, adapters
   saved every `--peer-eval-every-s` and scored afterwards by artmlx's evaluator on the same held-out seeds;
@@ -64,10 +65,19 @@ def curve_from_metrics(run_dir: Path) -> tuple[list[dict], dict]:
     updates = [row for row in rows if "reward_mean" in row]
     for row in updates:  # flat-group bookkeeping: what dynamic sampling skipped
         row.setdefault("groups_flat_skipped", 0)
-    return points, {"updates": len(updates),
+    teacher = [row["teacher_seconds"] / (row["gen_seconds"] + row["train_seconds"])
+               for row in updates if "teacher_seconds" in row and "gen_seconds" in row]
+    hinted = {"teacher_share_of_update": sum(teacher) / len(teacher)} if teacher else {}
+    return points, {**hinted, "updates": len(updates),
                     "groups_flat_skipped": sum(row["groups_flat_skipped"] for row in updates),
                     "groups_trained": sum(row.get("groups", 0) for row in updates),
                     "groups_zero_variance": sum(row.get("groups_zero_variance", 0) for row in updates)}
+
+
+def git_commit() -> str | None:
+    """The checkout's commit when an arm starts (an editable install runs the working tree)."""
+    found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return found.stdout.strip() or None
 
 
 def first_reaching(points: list[dict], score: float) -> float | None:
@@ -134,16 +144,15 @@ def main() -> None:
     parser.add_argument("--plot")
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = sorted(set(arms) - {"train", "run", "peer"})
+    unknown = sorted(set(arms) - {"train", "train-hints", "run", "peer"})
     if unknown:
-        parser.error(f"unknown arm(s) {unknown}: arms are train, run, peer")
+        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, run, peer")
     recipe_file = resolve_config_path(args.recipe)
     recipe = tomllib.loads(recipe_file.read_text())
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    report = {"recipe": args.recipe, "commit": commit or None, "cpu_count": os.cpu_count(), "recipe_fields": recipe, "blas": blas_description(),
+    report = {"recipe": args.recipe, "commit": git_commit(), "cpu_count": os.cpu_count(), "recipe_fields": recipe, "blas": blas_description(),
               "command": shlex.join([Path(sys.executable).name, *sys.argv]), "minutes": args.minutes,
               "target": args.target, "arms": {}}
     try:
@@ -154,15 +163,19 @@ def main() -> None:
 
     for arm in arms:
         folder = out / arm
-        if arm in ("train", "run"):
-            steps = args.train_steps if arm == "train" else args.run_steps
-            command = [*artmlx_command(), arm, "--config", str(recipe_file), "--steps", str(steps),
+        if arm in ("train", "train-hints", "run"):
+            steps = args.run_steps if arm == "run" else args.train_steps
+            command = [*artmlx_command(), arm.split("-")[0], "--config", str(recipe_file), "--steps", str(steps),
                        "--out", str(folder)]
             if arm == "run":
                 command += ["--actors", str(args.actors)]
+            if arm == "train-hints":
+                env_args = {**recipe.get("env_args", {}), "hints": True}
+                command += ["--set", "env_args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}"]
             wall = run_logged(command, out / f"{arm}.log")
             points, flat = curve_from_metrics(folder)
-            report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat}
+            report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat,
+                                   "commit": git_commit()}
         else:
             peer_json = out / "peer.json"
             command = [sys.executable, str(ROOT / "benchmarks" / "peer_learn.py"), "--minutes", str(args.minutes),
@@ -176,7 +189,7 @@ def main() -> None:
                 command.append("--dense")
             wall = run_logged(command, out / "peer.log")
             peer = json.loads(peer_json.read_text())
-            report["arms"]["peer"] = {"command": shlex.join(command), "wall_seconds": wall,
+            report["arms"]["peer"] = {"command": shlex.join(command), "wall_seconds": wall, "commit": git_commit(),
                                       "points": peer["points"], "seconds_per_step": peer["seconds_per_step"],
                                       "settings": peer["settings"], "version": peer["version"]}
         print(f"{arm}: " + "  ".join(f"{p['train_seconds']:.0f}s={p['eval_score']:.3f}"
@@ -209,6 +222,20 @@ def main() -> None:
                  f"(ratio {result.get('time_to_peer_final_ratio')})" if peer_final and arm != "peer" else ""),
               flush=True)
 
+    if "train" in report["arms"] and "train-hints" in report["arms"]:
+        plain, hinted = report["arms"]["train"]["points"], report["arms"]["train-hints"]["points"]
+        best = max(p["eval_score"] for p in plain)
+        first_plain = next(p for p in plain if p["eval_score"] >= best)
+        first_hinted = next((p for p in hinted if p["eval_score"] >= best), None)
+        report["hints_vs_plain"] = {
+            "plain_best_score": best, "plain_updates_to_best": first_plain["step"],
+            "plain_seconds_to_best": first_plain["train_seconds"],
+            "hints_updates_to_plain_best": first_hinted and first_hinted["step"],
+            "hints_seconds_to_plain_best": first_hinted and first_hinted["train_seconds"],
+            "updates_ratio": first_hinted and first_hinted["step"] / max(first_plain["step"], 1),
+            "seconds_ratio": first_hinted and first_hinted["train_seconds"] / max(first_plain["train_seconds"], 1e-9)}
+        print(f"hints vs plain: {report['hints_vs_plain']}", flush=True)
+
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
@@ -223,7 +250,7 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    names = {"train": "artmlx train", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
+    names = {"train": "artmlx train", "train-hints": "artmlx train, directive hints", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
     for arm, result in report["arms"].items():
         points = result["points"]
         xs = [p["train_seconds"] / 60 for p in points]
