@@ -9,7 +9,8 @@ itself. All three train the recipe's model on its task with its settings (group 
 reply length, learning rate, temperature 1, the task's reward and seeds):
 
 - `train`: `artmlx train --config RECIPE --steps N`, evaluating every `eval_every` updates in the run;
-- `train-hints`: the same with the task's directive hints on (`env_args` `hints = true`, docs/hints.md);
+- `train-hints`: the same with the task's directive hints on (`env_args` `hints = true`, docs/hints.md),
+  the frozen base as teacher; `train-hints-policy`: the current policy as teacher (`hint_teacher = "policy"`);
 - `run`: `artmlx run --config RECIPE --steps N` (a learner and 2 actor processes, evaluating in the learner);
 - `peer`: `benchmarks/peer_learn.py` (mlx-lm-lora's `train_grpo` for `--minutes` of training time, adapters
   saved every `--peer-eval-every-s` and scored afterwards by artmlx's evaluator on the same held-out seeds;
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=25)
     parser.add_argument("--run-steps", type=int, default=16)
     parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=0, help="Override the recipe's eval_every (artmlx arms).")
     parser.add_argument("--arms", default="train,run,peer")
     parser.add_argument("--target", type=float, default=0.60)
     parser.add_argument("--peer-eval-every-s", type=float, default=240.0)
@@ -140,13 +142,21 @@ def main() -> None:
                              "runs a small base).")
     parser.add_argument("--greedy-episodes", type=int, default=200)
     parser.add_argument("--out", default="runs/learn-real")
+    parser.add_argument("--reuse", action="append", default=[], metavar="ARM=RUN_DIR",
+                        help="Take an artmlx arm from a run directory an earlier invocation wrote (its metrics and "
+                             "latest adapters) instead of running it again; repeatable.")
     parser.add_argument("--json")
     parser.add_argument("--plot")
+    parser.add_argument("--summarize", metavar="REPORT.json", help="Print a report's tables as Markdown and exit.")
     args = parser.parse_args()
+    if args.summarize:
+        print(summarize(json.loads(Path(args.summarize).read_text())))
+        return
+    reused = dict(item.split("=", 1) for item in args.reuse)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = sorted(set(arms) - {"train", "train-hints", "run", "peer"})
+    unknown = sorted(set(arms) - {"train", "train-hints", "train-hints-policy", "run", "peer"})
     if unknown:
-        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, run, peer")
+        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, train-hints-policy, run, peer")
     recipe_file = resolve_config_path(args.recipe)
     recipe = tomllib.loads(recipe_file.read_text())
     out = Path(args.out).resolve()
@@ -161,17 +171,28 @@ def main() -> None:
         if "peer" in arms:
             raise SystemExit("the peer arm needs mlx-lm-lora: pip install --no-deps mlx-lm-lora")
 
+    folders = {}
     for arm in arms:
-        folder = out / arm
-        if arm in ("train", "train-hints", "run"):
+        folder = folders[arm] = Path(reused.get(arm, out / arm)).resolve()
+        if arm in reused:
+            if arm == "peer":
+                raise SystemExit("--reuse takes artmlx arms (train, train-hints, train-hints-policy, run)")
+            points, flat = curve_from_metrics(folder)
+            report["arms"][arm] = {"reused": str(folder), "points": points, **flat}
+            print(f"{arm}: reused {folder}", flush=True)
+        elif arm in ("train", "train-hints", "train-hints-policy", "run"):
             steps = args.run_steps if arm == "run" else args.train_steps
             command = [*artmlx_command(), arm.split("-")[0], "--config", str(recipe_file), "--steps", str(steps),
                        "--out", str(folder)]
             if arm == "run":
                 command += ["--actors", str(args.actors)]
-            if arm == "train-hints":
+            if args.eval_every:
+                command += ["--set", f"eval_every={args.eval_every}"]
+            if arm.startswith("train-hints"):
                 env_args = {**recipe.get("env_args", {}), "hints": True}
                 command += ["--set", "env_args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}"]
+            if arm == "train-hints-policy":
+                command += ["--set", "hint_teacher=policy"]
             wall = run_logged(command, out / f"{arm}.log")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat,
@@ -200,7 +221,7 @@ def main() -> None:
     save_base_adapters(recipe, recipe_file, base)
     report["greedy"] = {"base": greedy_score(base / "adapters", args.greedy_episodes, 0)}
     for arm in arms:
-        final = out / arm / "adapters" if arm != "peer" else Path(report["arms"]["peer"]["points"][-1]["adapters"])
+        final = folders[arm] / "adapters" if arm != "peer" else Path(report["arms"]["peer"]["points"][-1]["adapters"])
         report["greedy"][arm] = greedy_score(final, args.greedy_episodes, 0)
     print("greedy: " + "  ".join(f"{k}={v['eval_score']:.3f}" for k, v in report["greedy"].items()), flush=True)
 
@@ -222,25 +243,66 @@ def main() -> None:
                  f"(ratio {result.get('time_to_peer_final_ratio')})" if peer_final and arm != "peer" else ""),
               flush=True)
 
-    if "train" in report["arms"] and "train-hints" in report["arms"]:
-        plain, hinted = report["arms"]["train"]["points"], report["arms"]["train-hints"]["points"]
+    for hinted_arm in ("train-hints", "train-hints-policy"):
+        if "train" not in report["arms"] or hinted_arm not in report["arms"]:
+            continue
+        plain, hinted = report["arms"]["train"]["points"], report["arms"][hinted_arm]["points"]
         best = max(p["eval_score"] for p in plain)
         first_plain = next(p for p in plain if p["eval_score"] >= best)
         first_hinted = next((p for p in hinted if p["eval_score"] >= best), None)
-        report["hints_vs_plain"] = {
+        report[f"{hinted_arm}_vs_plain"] = {
             "plain_best_score": best, "plain_updates_to_best": first_plain["step"],
             "plain_seconds_to_best": first_plain["train_seconds"],
             "hints_updates_to_plain_best": first_hinted and first_hinted["step"],
             "hints_seconds_to_plain_best": first_hinted and first_hinted["train_seconds"],
             "updates_ratio": first_hinted and first_hinted["step"] / max(first_plain["step"], 1),
             "seconds_ratio": first_hinted and first_hinted["train_seconds"] / max(first_plain["train_seconds"], 1e-9)}
-        print(f"hints vs plain: {report['hints_vs_plain']}", flush=True)
+        print(f"{hinted_arm} vs plain: {report[f'{hinted_arm}_vs_plain']}", flush=True)
 
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
     if args.plot:
         plot(report, Path(args.plot))
+
+
+NAMES = {"train": "`artmlx train`", "train-hints": "`artmlx train`, hints (base teacher)",
+         "train-hints-policy": "`artmlx train`, hints (policy teacher)", "run": "`artmlx run` (2 actors)",
+         "peer": "mlx-lm-lora `train_grpo`"}
+
+
+def summarize(report: dict) -> str:
+    """The report as Markdown: each arm's curve, and the comparisons it holds."""
+    def score(value):
+        return "–" if value is None else f"{value:.3f}"
+
+    def seconds(value):
+        return "not reached" if value is None else f"{value / 60:.1f} min"
+
+    lines = ["| arm | held-out accuracy (sampled) at minutes of training | greedy after | time to "
+             f"{report['target']:.2f} |", "|---|---|---|---|"]
+    for arm, result in report["arms"].items():
+        curve = ", ".join(f"{p['eval_score']:.3f} @ {p['train_seconds'] / 60:.1f}" for p in result["points"])
+        lines.append(f"| {NAMES.get(arm, arm)} | {curve} | {score(report['greedy'][arm]['eval_score'])} | "
+                     f"{seconds(result.get('seconds_to_target'))} |")
+    lines += ["", f"Greedy accuracy of the base model: {score(report['greedy']['base']['eval_score'])}."]
+    peer = report["arms"].get("peer")
+    if peer:
+        final = peer["points"][-1]
+        lines += ["", f"mlx-lm-lora's final score: {final['eval_score']:.3f} after {final['train_seconds'] / 60:.1f} min "
+                  f"({final['step']} steps, {peer['seconds_per_step']:.1f} s a step)."]
+        for arm, result in report["arms"].items():
+            if arm != "peer" and "seconds_to_peer_final" in result:
+                ratio = result.get("time_to_peer_final_ratio")
+                lines.append(f"- {NAMES.get(arm, arm)} reached it in {seconds(result['seconds_to_peer_final'])}"
+                             + (f": **{ratio:.2f}x** mlx-lm-lora's time." if ratio is not None else "."))
+    for key in ("train-hints_vs_plain", "train-hints-policy_vs_plain"):
+        if key in report:
+            c = report[key]
+            lines += ["", f"{key}: plain GRPO's best {c['plain_best_score']:.3f} at update {c['plain_updates_to_best']}; "
+                      f"with hints at update {c['hints_updates_to_plain_best']} (updates ratio {c['updates_ratio']}, "
+                      f"time ratio {c['seconds_ratio']})."]
+    return "\n".join(lines)
 
 
 def plot(report: dict, path: Path) -> None:
@@ -250,7 +312,8 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    names = {"train": "artmlx train", "train-hints": "artmlx train, directive hints", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
+    names = {"train": "artmlx train", "train-hints": "artmlx train, hints (base teacher)",
+             "train-hints-policy": "artmlx train, hints (policy teacher)", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
     for arm, result in report["arms"].items():
         points = result["points"]
         xs = [p["train_seconds"] / 60 for p in points]
