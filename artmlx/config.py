@@ -17,9 +17,11 @@ from typing import Any
 @dataclass
 class TrainConfig:
     model: str = "tiny"
-    """Base model: `tiny` (the embedded model), a Hugging Face id or a local mlx-lm folder."""
+    """Base model: `tiny` (the embedded model), a packaged model's name (`artmlx model list`), a GGUF file, a
+    Hugging Face id or a local mlx-lm folder."""
     env: str = "tictactoe"
-    """Environment: a built-in name (`tictactoe`, `arithmetic`) or `module:Class`."""
+    """Environment: a built-in name (`tictactoe`, `arithmetic`; for real models `math`, `word_problems`,
+    `calculator`) or `module:Class`."""
     env_args: dict = field(default_factory=dict)
     """Keyword options for the environment's constructor, e.g. `{opponent = "perfect"}`."""
     rollout: str = ""
