@@ -19,19 +19,21 @@ def set_directive_hint(trajectory, hint: str) -> None:
     """Give an agent's trajectory (ART's `art.Trajectory` or artmlx's own) a directive hint: what should have
     been different, in words. The learner then trains each sampled token toward what a teacher that reads the
     hint would have sampled (`learner/distill.py`). Its metadata carries it, so ART's own backends ignore it."""
-    if not isinstance(hint, str) or not hint.strip():
-        raise ValueError(f"a hint must be a non-empty string, got {hint!r:.80}")
-    trajectory.metadata[HINT_KEY] = hint
+    trajectory.metadata[HINT_KEY] = _checked(hint)
 
 
 def hinted_messages(messages: list[dict], hint: str) -> list[dict]:
     """`messages` with the hint appended to the last user message (a copy; the original is kept)."""
-    if not isinstance(hint, str) or not hint.strip():
-        raise ValueError(f"a hint must be a non-empty string, got {hint!r:.80}")
-    hint = hint[:MAX_HINT_CHARS]
+    hint = _checked(hint)[:MAX_HINT_CHARS]
     out = [dict(m) for m in messages]
     for message in reversed(out):
         if message.get("role") == "user" and isinstance(message.get("content"), str):
             message["content"] = message["content"] + HINT_TEMPLATE.format(hint=hint)
             return out
     raise ValueError("a hint needs a user message with text content to append to")
+
+
+def _checked(hint) -> str:
+    if not isinstance(hint, str) or not hint.strip():
+        raise ValueError(f"a hint must be a non-empty string, got {hint!r:.80}")
+    return hint

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import random
 
-from .answers import OUTCOMES, check_format_reward, final_step
-from .answers import check_flag as _flag
+from .answers import OUTCOMES, check_flag, check_format_reward, final_step
 
 INSTRUCTION = "Answer with just the number."
 _SYMBOLS = {"+": "+", "-": "-", "*": "×"}
@@ -34,7 +33,7 @@ class MathQuestion:
         self.min_operand, self.max_operand, self.operators = min_operand, max_operand, operators
         self.instruction, self.system = instruction, system
         self.format_reward = check_format_reward(format_reward)
-        self.hints = _flag("hints", hints)
+        self.hints = check_flag("hints", hints)
         self.answer = 0
 
     def question(self, seed: int) -> tuple[str, int]:

@@ -21,6 +21,7 @@ import functools
 import random
 import re
 
+from .answers import check_flag
 from .base import StepResult
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -102,9 +103,7 @@ class TicTacToe:
         if style not in ("cells", "grid"):
             raise ValueError(f"tictactoe style must be 'cells' (the tiny model's) or 'grid' (an instruct model's), "
                              f"got {style!r}")
-        if not isinstance(hints, bool):
-            raise ValueError(f"hints must be true or false, got {hints!r}")
-        self.style, self.hints = style, hints
+        self.style, self.hints = style, check_flag("hints", hints)
         self.before = "." * 9  # the position X last moved in (a hint names its best moves)
         self.opponent = opponent
         self.rewards = {"win": reward_win, "draw": reward_draw, "loss": reward_loss, "illegal": reward_illegal}

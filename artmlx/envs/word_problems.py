@@ -13,8 +13,7 @@ from __future__ import annotations
 import random
 from typing import Callable, NamedTuple
 
-from .answers import OUTCOMES, check_format_reward, final_step
-from .answers import check_flag as _flag
+from .answers import OUTCOMES, check_flag, check_format_reward, final_step
 
 INSTRUCTION = "Answer with just the number."
 NAMES = ("Sam", "Maria", "Tom", "Aisha", "Leo", "Emma", "Ravi", "Lucy", "Omar", "Nina", "Ben", "Chloe")
@@ -113,7 +112,7 @@ class WordProblems:
         self.problems = [p for p in PROBLEMS if str(p.steps) in steps]
         self.max_number, self.instruction, self.system = max_number, instruction, system
         self.format_reward = check_format_reward(format_reward)
-        self.hints = _flag("hints", hints)
+        self.hints = check_flag("hints", hints)
         self.answer, self.kind = 0, ""
 
     def problem(self, seed: int) -> tuple[str, int, str]:

@@ -154,7 +154,7 @@ class GRPOTrainer:
         batches = self.microbatches([teacher[i] for i in order], np.zeros(len(order), np.float32),
                                     [[local[i] for i in members] for members in hinted])
         out = {}
-        with lora_disabled(self.model) if self.config.hint_teacher == "base" else _nothing():
+        with lora_disabled(self.model) if self.config.hint_teacher == "base" else contextlib.nullcontext():
             for batch in batches:
                 logp, mask = np.array(self.policy_logprobs(batch)), np.array(batch.mask) > 0
                 for row, k in enumerate(batch.episodes):
@@ -216,21 +216,20 @@ class GRPOTrainer:
         started = time.perf_counter()
         teacher = self.teacher_logprobs(data.episodes, data.groups)
         teacher_seconds = time.perf_counter() - started
-        data.token_advantages, gaps, reward_terms = {}, [], []
+        data.token_advantages, gaps = {}, []
         for i, logp in teacher.items():
             episode = data.episodes[i]
             mask = np.asarray(episode.policy_mask, bool)
             data.token_advantages[i] = token_advantages(float(data.advantages[i]), mask, np.asarray(episode.logprobs),
                                                         logp, config.reward_weight, config.hint_weight)
             gaps.append(logp - np.asarray(episode.logprobs, np.float32)[mask])
-        for i, episode in enumerate(data.episodes):
-            reward_terms.append(np.full(episode.policy_tokens, abs(config.reward_weight * float(data.advantages[i]))))
+        reward_sum = sum(abs(config.reward_weight * float(a)) * e.policy_tokens for a, e in zip(data.advantages, data.episodes))
         gap = np.concatenate(gaps) if gaps else np.zeros(0, np.float32)
         all_tokens = max(1, sum(e.policy_tokens for e in data.episodes))
         return {"hinted_token_frac": len(gap) / all_tokens, "teacher_seconds": teacher_seconds,
                 "hint_logratio_mean": float(gap.mean()) if len(gap) else 0.0,
                 # how much of the update's advantage came from each term (mean absolute value per token)
-                "advantage_reward_abs": float(np.concatenate(reward_terms).sum() / all_tokens),
+                "advantage_reward_abs": reward_sum / all_tokens,
                 "advantage_hint_abs": float(np.abs(config.hint_weight * gap).sum() / all_tokens)}
 
     def train_step(self, groups: list[Group]) -> dict:
@@ -324,11 +323,6 @@ class GRPOTrainer:
         self.optimizer.update(self.model, grads)
         mx.eval(self.model.trainable_parameters(), self.optimizer.state)
         return norm
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
 
 
 def _policy_fraction(episodes: list[Episode]) -> float:
