@@ -47,11 +47,15 @@ def launch(args) -> int:
     # messages, but a survivor blocked in a large all_sum was seen waiting for good (mlx 0.32.4, CPU).
     deadline = time.monotonic() + args.timeout
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        failed = [rank for rank, p in enumerate(procs) if p.poll()]
-        if failed:
-            print(f"rank {failed[0]} exited with {procs[failed[0]].returncode}: stopping the other ranks", flush=True)
+        if any(p.poll() for p in procs):
             break
         time.sleep(0.2)
+    # Every rank that failed by now is named: the survivor of a lost peer may fail within the same poll.
+    for rank, p in enumerate(procs):
+        if p.poll():
+            print(f"rank {rank} exited with {p.returncode}", flush=True)
+    if any(p.poll() is None for p in procs):
+        print("stopping the other ranks", flush=True)
     for p in procs:
         if p.poll() is None:
             p.terminate()
