@@ -261,13 +261,18 @@ def show_config(recipes):
 @click.option("--episodes", type=int, default=200, show_default=True, help="Held-out episodes.")
 @click.option("--temperature", type=float, help="Sampling temperature (default: the run's, else 1.0).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--config", "config_path", help="Config file or recipe whose settings to use (reply length, model, "
+              "env); default: the run's config.toml next to the adapters, else the defaults.")
+@click.option("--max-reply-tokens", type=int, help="Tokens per reply (default: the config's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def eval_command(adapters, model, env, env_args, episodes, temperature, seed, as_json):
+def eval_command(adapters, model, env, env_args, episodes, temperature, seed, config_path, max_reply_tokens,
+                 as_json):
     """Evaluate adapters on held-out seeds; prints the score with a 95% confidence interval."""
     try:
         from .apps.evaluate import describe, run_eval
 
-        result = run_eval(adapters, model, env, env_args, episodes, temperature, seed)
+        result = run_eval(adapters, model, env, env_args, episodes, temperature, seed,
+                          config_path=config_path, max_reply_tokens=max_reply_tokens)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(json.dumps(result, indent=2) if as_json else describe(result))

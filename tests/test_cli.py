@@ -61,6 +61,12 @@ def test_train_eval_plot_end_to_end(tmp_path):
     result_json = json.loads(evaluated.stdout)
     assert result_json["eval_episodes"] == 30 and 0 <= result_json["eval_score"] <= 1
     assert result_json["eval_score_ci_low"] <= result_json["eval_score"] <= result_json["eval_score_ci_high"]
+    assert result_json["max_reply_tokens"] == 8  # the run's own
+
+    shorter = artmlx("eval", "--adapters", str(run / "adapters"), "--episodes", "10", "--max-reply-tokens", "2",
+                     "--json")
+    assert shorter.returncode == 0, shorter.stderr
+    assert json.loads(shorter.stdout)["max_reply_tokens"] == 2 and json.loads(shorter.stdout)["env"] == "tictactoe"
 
     plotted = artmlx("plot", str(run))
     assert plotted.returncode == 0, plotted.stderr
@@ -73,3 +79,17 @@ def test_keygen_writes_a_usable_key_layout(tmp_path):
     for name in ("learner.key", "learner.key_secret", "mac-mini.key", "mac-mini.key_secret", "allowed/mac-mini.key"):
         assert (tmp_path / "keys" / name).exists(), name
     assert oct((tmp_path / "keys" / "learner.key_secret").stat().st_mode & 0o777) == "0o600"
+
+
+def test_eval_takes_its_settings_from_a_recipe_or_the_flag():
+    from artmlx.apps.evaluate import run_config_for
+
+    assert run_config_for(None).max_reply_tokens == 8  # the defaults, tuned for the tiny model
+    recipe = run_config_for(None, "smollm2-math")
+    assert (recipe.model, recipe.env, recipe.max_reply_tokens) == ("smollm2-135m-instruct", "math", 16)
+    assert run_config_for(None, "smollm2-math", 40).max_reply_tokens == 40
+    assert run_config_for(None, None, 40).max_reply_tokens == 40
+    with pytest.raises(ValueError, match="max_reply_tokens"):
+        run_config_for(None, None, 0)
+    result = artmlx("eval", "--config", "no-such-recipe", "--episodes", "1")
+    assert result.returncode != 0 and "no-such-recipe" in result.stderr and "Traceback" not in result.stderr

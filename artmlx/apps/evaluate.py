@@ -11,7 +11,12 @@ from pathlib import Path
 from ..config import TrainConfig, load_config, parse_value
 
 
-def run_config_for(adapters: str | None) -> TrainConfig:
+def run_config_for(adapters: str | None, config_path: str | None = None,
+                   max_reply_tokens: int | None = None) -> TrainConfig:
+    """The settings an evaluation uses: `config_path` (a file or recipe) if given, else the adapters' run's."""
+    if config_path or max_reply_tokens is not None:
+        base = config_path or _adapters_config_path(adapters)
+        return load_config(base, {"max_reply_tokens": max_reply_tokens})
     if adapters:
         candidate = Path(adapters).resolve().parent / "config.toml"
         if candidate.exists():
@@ -19,7 +24,13 @@ def run_config_for(adapters: str | None) -> TrainConfig:
     return TrainConfig()
 
 
-def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -> dict:
+def _adapters_config_path(adapters: str | None) -> Path | None:
+    candidate = Path(adapters).resolve().parent / "config.toml" if adapters else None
+    return candidate if candidate is not None and candidate.exists() else None
+
+
+def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed, *, config_path: str | None = None,
+             max_reply_tokens: int | None = None) -> dict:
     from ..engine.loading import open_policy
     from ..envs.base import make_env, outcomes_of
     from ..rollout.evaluation import evaluate
@@ -28,7 +39,7 @@ def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -
 
     if episodes <= 0:
         raise ValueError(f"--episodes must be > 0, got {episodes}")
-    run = run_config_for(adapters)
+    run = run_config_for(adapters, config_path, max_reply_tokens)
     env_args = dict(run.env_args) if env in (None, run.env) else {}
     env = env or run.env
     for item in env_arg_items:
@@ -47,7 +58,7 @@ def run_eval(adapters, model, env, env_arg_items, episodes, temperature, seed) -
                              SamplingParams.from_config(run), opened.plan)
     result = evaluate(engine, episodes, outcomes_of(make_env(env, env_args)), temperature, seed=seed)
     return {"model": model, "adapters": adapters, "env": env,
-            "env_args": env_args, "temperature": temperature, **result}
+            "env_args": env_args, "max_reply_tokens": run.max_reply_tokens, "temperature": temperature, **result}
 
 
 def describe(result: dict) -> str:
