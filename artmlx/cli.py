@@ -243,8 +243,9 @@ def show_config(recipes):
     if recipes:
         from .recipes import recipe_names, recipe_path, recipe_summary
 
+        width = max(map(len, recipe_names())) + 2
         for name in recipe_names():
-            click.echo(f"{name:<20} {recipe_summary(name)}\n{'':<20} {recipe_path(name)}")
+            click.echo(f"{name:<{width}}{recipe_summary(name)}\n{'':<{width}}{recipe_path(name)}")
         return
 
     docs = field_docs()

@@ -93,3 +93,13 @@ def test_eval_takes_its_settings_from_a_recipe_or_the_flag():
         run_config_for(None, None, 0)
     result = artmlx("eval", "--config", "no-such-recipe", "--episodes", "1")
     assert result.returncode != 0 and "no-such-recipe" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_recipe_is_a_valid_config():
+    from artmlx.config import load_config
+    from artmlx.recipes import recipe_names, recipe_summary
+
+    assert {"smollm2-math", "smollm2-word-problems", "smollm2-tictactoe"} <= set(recipe_names())
+    for name in recipe_names():
+        config = load_config(name)
+        assert config.model == "smollm2-135m-instruct" and recipe_summary(name), name
