@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -38,7 +39,57 @@ def main() -> None:
     _entry(cli, "artmlx")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# `artmlx --help` lists the commands by what a user is doing, each with a one-line summary; a command
+# missing here is listed under "Other" with its docstring's first sentence (a test keeps every one placed).
+SECTIONS = (
+    ("Train and evaluate", (
+        ("train", "Train in one process: play groups, GRPO update, evaluate; repeat."),
+        ("run", "Learner and N actors on this machine, supervised (the pipeline)."),
+        ("eval", "Score a base model or adapters on held-out tasks, with a 95% CI."),
+        ("plot", "Plot reward and eval score of one or more runs."),
+        ("config", "Every config field with its default; --recipes lists recipes."),
+    )),
+    ("Models and serving", (
+        ("model", "Import GGUF files, list packaged models, synthesize shapes."),
+        ("serve", "OpenAI-compatible server with exact token ids and logprobs."),
+    )),
+    ("Several machines", (
+        ("up", "Start the learner and every actor of a hosts file."),
+        ("down", "Stop them (the learner checkpoints first)."),
+        ("doctor", "Check every host and say what to fix."),
+        ("fleet-status", "The learner's state summed per host."),
+        ("logs", "The last lines of every process's log, per host."),
+        ("service", "A launchd or systemd unit that keeps an actor running."),
+        ("keygen", "Create CURVE keys for the learner and an actor."),
+    )),
+    ("Processes (what run and up start)", (
+        ("learner", "The learner: trains on actors' groups, sends adapters."),
+        ("actor", "An actor: plays groups with the latest adapters."),
+        ("status", "A running learner's state and its actors."),
+    )),
+    ("Measure", (
+        ("bench", "Speed and memory benchmarks, side by side in one process."),
+    )),
+)
+
+
+class SectionedGroup(click.Group):
+    """A click group whose help lists commands in `SECTIONS` instead of one alphabetical block."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        visible = {name: command for name in self.list_commands(ctx)
+                   if (command := self.get_command(ctx, name)) is not None and not command.hidden}
+        placed = {name for _, rows in SECTIONS for name, _ in rows}
+        limit = formatter.width - 6 - max(map(len, visible), default=0)
+        sections = [(title, [(n, summary) for n, summary in rows if n in visible]) for title, rows in SECTIONS]
+        sections.append(("Other", [(n, visible[n].get_short_help_str(limit)) for n in visible if n not in placed]))
+        for title, rows in sections:
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+@click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="artmlx")
 def cli() -> None:
     """Reinforcement learning (GRPO) for LLM agents on MLX."""
@@ -90,22 +141,45 @@ _train_options = [
 ]
 
 
-def train_options(function):
-    for option in reversed(_train_options):
-        function = option(function)
-    return function
+AGENT_OPTIONS = ("--rollout", "--scenarios", "--eval-scenarios")
+
+
+def train_options(function=None, *, agents: bool = True):
+    """The shared run options; `agents=False` leaves out the agent ones (`artmlx train` plays environments only:
+    agents are played by actors)."""
+    def decorate(function):
+        for option in reversed(_train_options):
+            function = option(function)
+        return function
+
+    if agents:
+        return decorate(function) if function else decorate
+    options = [o for o in _train_options if not _declares_agent_option(o)]
+
+    def decorate_envs(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate_envs
+
+
+def _declares_agent_option(option) -> bool:
+    probe = option(lambda: None)
+    return any(name in AGENT_OPTIONS for param in probe.__click_params__ for name in param.opts)
 
 
 @cli.command()
-@train_options
+@train_options(agents=False)
 @click.option("--dry-run", is_flag=True, help="Estimate memory from the model's config.json and safetensors headers "
                                               "(nothing loaded): weights, KV per row, batches, micro-batches, and "
                                               "whether one episode fits the budget; exit 1 if it does not.")
-def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings, dry_run):
-    """Train synchronously in one process: rollouts -> GRPO update -> eval."""
+def train(config_file, model, env, steps, seed, out, resume, settings, dry_run):
+    """Train synchronously in one process: rollouts -> GRPO update -> eval.
+
+    Environments only: an agent (`--rollout`) is played by actors, so it trains with `artmlx run`."""
     try:
-        config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
-                               settings)
+        config = _train_config(config_file, model, env, None, None, None, steps, seed, out, resume, settings)
         if dry_run:
             from .engine.estimate import estimate_for, estimate_lines
 
@@ -371,7 +445,9 @@ def _register_subgroups() -> None:
 
     cli.add_command(bench)
     cli.add_command(model_group)
-    cli.add_command(model_path_command, name="model-path")  # the first spelling, kept
+    model_path_alias = copy.copy(model_path_command)  # the first spelling, kept working, listed as `model path`
+    model_path_alias.hidden = True
+    cli.add_command(model_path_alias, name="model-path")
     register(cli)
 
 

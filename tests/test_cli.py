@@ -103,3 +103,29 @@ def test_every_recipe_is_a_valid_config():
     for name in recipe_names():
         config = load_config(name)
         assert config.model == "smollm2-135m-instruct" and recipe_summary(name), name
+
+
+def test_help_lists_every_command_once_under_a_section():
+    import click
+
+    from artmlx.cli import SECTIONS, cli
+
+    ctx = click.Context(cli)
+    visible = {n for n in cli.list_commands(ctx) if not cli.get_command(ctx, n).hidden}
+    placed = [name for _, rows in SECTIONS for name, _ in rows]
+    assert sorted(placed) == sorted(visible)  # none left under "Other", none stale
+    text = artmlx("--help").stdout
+    for title, rows in SECTIONS:
+        assert f"{title}:" in text
+        for name, summary in rows:
+            assert f"{name}  " in text and summary in text
+    assert "model-path" not in text and "Other:" not in text
+    assert artmlx("model-path", "tiny").returncode == 0  # the first spelling still works
+
+
+def test_train_offers_no_agent_options_and_run_does():
+    train_help, run_help = artmlx("train", "--help").stdout, artmlx("run", "--help").stdout
+    for option in ("--rollout TEXT", "--scenarios TEXT", "--eval-scenarios TEXT"):
+        assert option not in train_help and option in run_help
+    refused = artmlx("train", "--rollout", "agent.py:rollout")
+    assert refused.returncode == 2 and "--rollout" in refused.stderr
