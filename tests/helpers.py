@@ -106,6 +106,7 @@ def family_folder(root, family: str, name: str = "", **overrides):
     folder = Path(root) / (name or family)
     config = {**json.loads(json.dumps(FAMILY_CONFIGS[family])), **overrides,
               "quantization": {"group_size": 64, "bits": 4, "mode": "affine"}}
+    config = {key: value for key, value in config.items() if value is not None}  # an override of None drops a key
     tiny = tiny_model_path()
     config["eos_token_id"] = json.loads((tiny / "config.json").read_text()).get("eos_token_id")
     folder.mkdir(parents=True)

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 
 from ..model.backend import DENSE_BASE_MAX_BYTES, DEQUANT_MIN_WEIGHTS, dense_base_limit, dequant_rows
-from .memory import GB, MemoryPlan, ModelShape, device_kind, slots_for
+from .memory import GB, MemoryPlan, ModelShape, device_kind, feed_forward_width, slots_for
 
 SKIPPED_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "audio_tower", "embed_vision",
                   "embed_audio", "visual.")
@@ -67,7 +67,10 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
                        device: str | None = None) -> ModelShape:
     """The same from a config and its tensors' (safetensors dtype, shape), e.g. `synth.parameter_layout`'s."""
     device = device or device_kind()
-    text = config.get("text_config") or config
+    text = dict(config.get("text_config") or config)
+    width = feed_forward_width(tensors)
+    if width > (text.get("hidden_size") or 0):  # what the loaded modules will show (memory.loaded_dims)
+        text["intermediate_size"] = width
     floats = [(dtype, _count(shape)) for dtype, shape in tensors.values() if dtype in FLOATS]
     largest = max(floats, key=lambda f: f[1])[0] if floats else "F32"
     on_cpu = device == "cpu"

@@ -69,7 +69,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..model.backend import dense_weight_count
-from ..model.families import text_args, window_layers
+from ..model.families import text_args, text_model, window_layers
 from ..model.parts import SPLIT_MODEL_TYPES
 
 DEFAULT_FRACTION = 0.75
@@ -194,6 +194,47 @@ def recurrent_layout(text: dict, activation_bytes: int) -> tuple[int, int]:
     return 0, 0
 
 
+REQUIRED_DIMS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+_FEED_FORWARD = ("mlp", "feed_forward", "ffn")
+
+
+def loaded_dims(model: nn.Module) -> dict:
+    """The dimensions a loaded model's modules show, under their config names: layers (`model.layers`),
+    vocabulary and hidden size (the largest embedding), the feed-forward width (the widest output of a
+    feed-forward projection). Config keys differ by family (LFM2 names its width `block_ff_dim` and may adjust
+    it), so the memory plan reads what was built and keeps config keys for what modules do not show."""
+    lm = text_model(model)
+    dims: dict = {}
+    layers = getattr(lm, "layers", None)
+    if isinstance(layers, (list, tuple)) and layers:
+        dims["num_hidden_layers"] = len(layers)
+    widest = 0
+    for path, module in lm.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and "per_layer" not in path:
+            rows = module.weight.shape[0]
+            if rows > dims.get("vocab_size", 0):
+                columns = module.weight.shape[1] * (32 // module.bits if isinstance(module, nn.QuantizedEmbedding)
+                                                    else 1)
+                dims.update(vocab_size=rows, hidden_size=columns)
+        weight = getattr(module, "weight", None)
+        if (isinstance(weight, mx.array) and weight.ndim >= 2 and not isinstance(module, nn.Embedding)
+                and any(part in _FEED_FORWARD for part in path.split("."))):
+            widest = max(widest, weight.shape[-2])  # (out, in), or (experts, out, in)
+    if widest > dims.get("hidden_size", 0):  # a gate/up projection widens; only down projections seen: unknown
+        dims["intermediate_size"] = widest
+    return dims
+
+
+def feed_forward_width(tensors: dict[str, tuple]) -> int:
+    """`loaded_dims`' feed-forward width from a folder's tensor names and shapes (`name -> (dtype, shape)`):
+    the widest output of a language model's feed-forward weight (0: none found)."""
+    names = [n for n in tensors if n.endswith(".weight")]
+    if any(n.startswith("language_model.") for n in names):  # a multimodal checkpoint: its language model only
+        names = [n for n in names if n.startswith("language_model.")]
+    return max((tensors[n][1][-2] for n in names if len(tensors[n][1]) >= 2
+                and any(part in _FEED_FORWARD for part in n.split("."))), default=0)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     layers: int
@@ -223,7 +264,8 @@ class ModelShape:
         # The compute dtype is that of the base's largest float tensor (LoRA's float32 adapters are small).
         activation_bytes = max(floats, key=lambda v: v.size).dtype.size if floats else 4
         windows = window_layers(model)  # the loaded model's own sliding-window layers
-        return cls.from_config({"model_type": getattr(args, "model_type", ""), **vars(args)}, activation_bytes,
+        text = {"model_type": getattr(args, "model_type", ""), **vars(args), **loaded_dims(model)}
+        return cls.from_config(text, activation_bytes,
                                weight_bytes=sum(v.nbytes for _, v in tree_flatten(model.parameters())),
                                dense_copy_bytes=sum(dense_weight_count(m) * activation_bytes
                                                     for _, m in model.named_modules() if getattr(m, "dequant_rows", 0)),
@@ -235,6 +277,10 @@ class ModelShape:
         """The shape from a language model's config (a loaded model's arguments, or a folder's config.json:
         `estimate.shape_from_tensors`), its compute width and its bytes; `windows` (window layers, widest
         window) where the loaded model says, else read from the config (`window_layout`)."""
+        missing = [key for key in REQUIRED_DIMS if not text.get(key)]
+        if missing:
+            raise ValueError(f"cannot size the {text.get('model_type') or '?'} model for the memory plan: its config "
+                             f"gives no {', '.join(missing)} and its modules do not show it")
         heads = text["num_attention_heads"]
         recurrent, state_bytes = recurrent_layout(text, activation_bytes)
         window_count, window = windows if windows is not None else window_layout(text)
@@ -243,7 +289,7 @@ class ModelShape:
                    state_bytes_per_row=state_bytes, delta_state_bytes=delta_state_bytes(text), window_layers=window_count, window=window,
                    global_kv_heads=global_kv_heads, global_head_dim=global_head_dim,
                    kv_shared_layers=text.get("num_kv_shared_layers") or 0, layers=text["num_hidden_layers"],
-                   hidden=text["hidden_size"], intermediate=text.get("intermediate_size", 4 * text["hidden_size"]),
+                   hidden=text["hidden_size"], intermediate=text.get("intermediate_size") or 4 * text["hidden_size"],
                    heads=heads, kv_heads=text.get("num_key_value_heads") or heads,
                    head_dim=text.get("head_dim") or text["hidden_size"] // heads, vocab=text["vocab_size"],
                    activation_bytes=activation_bytes, weight_bytes=weight_bytes, dense_copy_bytes=dense_copy_bytes)

@@ -25,7 +25,7 @@ from tests.helpers import learner_logprobs, per_call_dequantizing
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral3", "gemma3_text", "olmo3", "gpt_oss", "qwen3_5", "qwen3_next",
-                                    "lfm2", "gemma4_text", "gemma3", "gemma4", "qwen3_moe"])
+                                    "lfm2", "lfm2-ff", "gemma4_text", "gemma3", "gemma4", "qwen3_moe"])
 def test_family_rolls_out_recomputes_and_trains(folders, family):
     """A flat config, a multimodal wrapper (`text_config`), sliding-window layers (Gemma 3, OLMo 3,
     GPT-OSS with its attention sinks and 4-bit experts; window 8: every episode is longer), hybrids with
@@ -117,7 +117,8 @@ def test_unsupported_recurrent_family_is_refused_at_load_in_every_command(folder
         assert "ArraysCache" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "gemma4_text",
+@pytest.mark.parametrize("family", ["qwen3", "mistral3", "qwen3-wide", "qwen3_5", "qwen3_next", "lfm2", "lfm2-ff",
+                                    "gemma4_text",
                                     "gemma3_text", "olmo3", "gpt_oss", "gemma3", "gemma4"])
 def test_estimate_before_loading_is_the_loaded_models_shape(folders, family):
     """`train --dry-run` reads config.json and the safetensors headers only; the shape it plans with is
@@ -289,3 +290,19 @@ def test_estimate_counts_dense_copies_of_two_dimensional_layers_only():
     two_d = sum(d[0] * d[1] * 8 * 4 for t, d in tensors.values()
                 if t == "U32" and len(d) == 2 and d[0] * d[1] * 8 >= (1 << 16))
     assert estimated.dense_copy_bytes == two_d and two_d < 30e9 * 4 * 0.2  # attention and head, not experts
+
+
+def test_memory_plan_reads_widths_from_the_modules_and_names_what_it_cannot_size(folders):
+    """LFM2 names its feed-forward width `block_ff_dim`; Gemma 4's double-wide layers are wider than
+    `intermediate_size`: the plan uses the widest feed-forward projection the loaded model has. A config
+    without a dimension the modules do not show either is refused with the field named."""
+    from artmlx.engine.memory import loaded_dims
+    from artmlx.model.policy import load_base
+
+    lfm2 = load_base(str(folders["lfm2-ff"]))[0]
+    assert loaded_dims(lfm2)["intermediate_size"] == 128
+    assert ModelShape.of(lfm2).prefill_bytes_per_token(64, "cpu") > 0  # it crashed on the missing width
+    assert ModelShape.of(load_base(str(folders["gemma4_text"]))[0]).intermediate == 256  # use_double_wide_mlp
+    text = {"model_type": "custom", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
+    with pytest.raises(ValueError, match="custom.*num_hidden_layers"):
+        ModelShape.from_config(text, 4, 0, 0)
