@@ -129,3 +129,41 @@ def test_train_offers_no_agent_options_and_run_does():
         assert option not in train_help and option in run_help
     refused = artmlx("train", "--rollout", "agent.py:rollout")
     assert refused.returncode == 2 and "--rollout" in refused.stderr
+
+
+@pytest.mark.slow
+def test_train_stops_on_sigterm_after_the_update_checkpointed_and_resumes_exactly(tmp_path):
+    """SIGTERM lets the update in progress finish, checkpoints it and exits 0; `--resume` then ends where an
+    uninterrupted run of the same steps ends, bit for bit (the synchronous loop is reproducible)."""
+    import signal
+    import time
+
+    from artmlx.learner.checkpoint import checkpoint_step, latest_checkpoint
+
+    small = ["--set", "groups_per_step=2", "--set", "group_size=4", "--set", "eval_every=0",
+             "--set", "checkpoint_every=100"]
+    run = tmp_path / "stopped"
+    process = subprocess.Popen([sys.executable, "-m", "artmlx", "train", "--out", str(run), "--steps", "200", *small],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists()
+                                               and [r for r in read_metrics(run) if "reward_mean" in r]):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-2000:]
+    done = max(r["step"] for r in read_metrics(run) if "reward_mean" in r)
+    assert 1 <= done < 200 and f"stopped by signal SIGTERM after update {done}: checkpointed" in stdout
+    assert checkpoint_step(latest_checkpoint(run)) == done  # not a multiple of checkpoint_every: saved on stop
+
+    resumed = artmlx("train", "--out", str(run), "--resume", "--steps", str(done + 2))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in read_metrics(run) if "reward_mean" in r] == list(range(1, done + 3))
+    straight = artmlx("train", "--out", str(tmp_path / "straight"), "--steps", str(done + 2), *small)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    import mlx.core as mx
+
+    a = mx.load(str(run / "adapters" / "adapters.safetensors"))
+    b = mx.load(str(tmp_path / "straight" / "adapters" / "adapters.safetensors"))
+    assert sorted(a) == sorted(b) and all(mx.array_equal(a[k], b[k]).item() for k in a)

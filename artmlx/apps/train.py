@@ -7,6 +7,9 @@ key are pure functions of (seed, step), and checkpoints restore adapters, optimi
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +29,34 @@ from ..model.policy import LoraSpec, save_adapters
 from ..rollout.dynamic_sampling import sample_with_signal
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
+
+
+class StopRequest:
+    """SIGINT and SIGTERM ask the loop to stop after the update in progress (which is then checkpointed, so
+    `--resume` goes on from it); a second signal stops at once, losing that update. Installed only on the
+    main thread (signals are delivered there)."""
+
+    def __init__(self):
+        self.reason: str | None = None
+
+    def __call__(self, number, frame) -> None:
+        if self.reason is not None:
+            raise KeyboardInterrupt
+        self.reason = f"stopped by signal {signal.Signals(number).name}"
+        print(f"{self.reason}: finishing the update in progress, then checkpointing (again to stop now)",
+              flush=True)
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
@@ -59,44 +90,62 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         row = evaluate(engine, config.eval_episodes, outcomes, eval_temperature, seed=config.seed)
         log.write({**trainer.position(), "time": time.perf_counter() - started, **row})
 
+    stop = StopRequest()
+    saved_step = trainer.step
     try:
-        if trainer.step == 0 and config.eval_every:
-            run_eval()
-        while trainer.step < config.steps:
-            step = trainer.step
-            mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
-            mx.reset_peak_memory()  # so each row reports its own update's peak
-            t0 = time.perf_counter()
-            groups, sampling = sample_with_signal(
-                lambda sampling_round, count: engine.play(
-                    train_seeds(config.seed, step, count, sampling_round), config.group_size,
-                    step_key(config.seed, step, sampling_round), trainer.policy_version),
-                config.groups_per_step, config.dynamic_sampling_rounds)
-            t1 = time.perf_counter()
-            stats = trainer.train_step(groups)
-            t2 = time.perf_counter()
-            generated = sum(g.policy_tokens for g in groups)
-            log.write({
-                **trainer.position(), "time": t2 - started,
-                "tokens": sum(g.tokens for g in groups), "gen_tokens": generated,
-                "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
-                # Per wall second of the whole update, as the learner reports it, so both modes compare.
-                "gen_tokens_per_s": generated / max(t2 - t0, 1e-9),
-                "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
-                "peak_memory_gb": mx.get_peak_memory() / 2**30,
-                "outcomes": _count_outcomes(groups, outcomes),
-                **sampling, **stats,
-            })
-            if config.eval_due(trainer.step):
+        with stop.installed():
+            if trainer.step == 0 and config.eval_every:
                 run_eval()
-            if config.checkpoint_due(trainer.step):
+            while trainer.step < config.steps and stop.reason is None:
+                saved_step = _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_eval,
+                                     saved_step)
+            if stop.reason is not None and trainer.step > saved_step:
                 save_run_state(run_dir, trainer, spec, config.model,
                                {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
+            if stop.reason is not None and echo:
+                print(f"{stop.reason} after update {trainer.step}: checkpointed; continue with "
+                      f"`artmlx train --out {run_dir} --resume`", flush=True)
     finally:
         log.close()  # ends the W&B run, if any
     if not (run_dir / "adapters").exists():  # a resumed run that had nothing left to do
         save_adapters(model, run_dir / "adapters", spec, config.model)
     return run_dir
+
+
+def _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_eval, saved_step) -> int:
+    """One update: play groups (with dynamic sampling), train, log, evaluate and checkpoint when due; returns
+    the step of the latest checkpoint."""
+    step = trainer.step
+    mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
+    mx.reset_peak_memory()  # so each row reports its own update's peak
+    t0 = time.perf_counter()
+    groups, sampling = sample_with_signal(
+        lambda sampling_round, count: engine.play(
+            train_seeds(config.seed, step, count, sampling_round), config.group_size,
+            step_key(config.seed, step, sampling_round), trainer.policy_version),
+        config.groups_per_step, config.dynamic_sampling_rounds)
+    t1 = time.perf_counter()
+    stats = trainer.train_step(groups)
+    t2 = time.perf_counter()
+    generated = sum(g.policy_tokens for g in groups)
+    log.write({
+        **trainer.position(), "time": t2 - started,
+        "tokens": sum(g.tokens for g in groups), "gen_tokens": generated,
+        "gen_seconds": t1 - t0, "train_seconds": t2 - t1,
+        # Per wall second of the whole update, as the learner reports it, so both modes compare.
+        "gen_tokens_per_s": generated / max(t2 - t0, 1e-9),
+        "train_tokens_per_s": stats["tokens_trained"] / max(t2 - t1, 1e-9),
+        "peak_memory_gb": mx.get_peak_memory() / 2**30,
+        "outcomes": _count_outcomes(groups, outcomes),
+        **sampling, **stats,
+    })
+    if config.eval_due(trainer.step):
+        run_eval()
+    if config.checkpoint_due(trainer.step):
+        save_run_state(run_dir, trainer, spec, config.model,
+                       {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
+        saved_step = trainer.step
+    return saved_step
 
 
 def _count_outcomes(groups, outcomes) -> dict:
