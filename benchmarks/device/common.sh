@@ -1,4 +1,4 @@
-# Sourced on the lent H200 from the project's root (after part A of the CUDA build was staged in
+# Sourced on the NVIDIA machine from the project's root (after part A of the CUDA build was staged in
 # /root/stage; see ../shared/gpu/README.md): installs MLX CUDA and the extra wheels, and defines
 # `step NAME SECONDS COMMAND...`, which runs one measurement under its own timeout, appends its
 # output to $OUT/log.txt and, if it is still running after half and three quarters of its time, appends a

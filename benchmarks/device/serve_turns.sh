@@ -1,7 +1,8 @@
-# 2026-12-04 on the H200: `artmlx serve` as its own process against mlx_lm.server (both serving the same nonzero
-# adapter), the four multi-turn workloads with each turn's median request time; then artmlx's server inside the
-# benchmark's process (as serve_turns ran it before) on the one-conversation workload, with its scheduler's counts.
-#   bash benchmarks/device/issue19_serve_process.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# `artmlx serve` as its own process against mlx_lm.server (both serving the same nonzero adapter) on
+# benchmarks/serve_turns.py's four multi-turn workloads, with each turn's median request time; then artmlx's server
+# inside the benchmark's process (--in-process) on the one-conversation workload, with its scheduler's counts.
+# SERVE_LIMIT sets the first step's limit.
+#   bash benchmarks/device/serve_turns.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/qwen2.5-0.5b ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/qwen2.5-0.5b
 step serve-process ${SERVE_LIMIT:-330} python3 benchmarks/serve_turns.py --model /tmp/qwen2.5-0.5b --adapter \

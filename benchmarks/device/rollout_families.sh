@@ -1,5 +1,7 @@
-# Issue 20 on the H200: where the hybrid's prefill goes, then engine vs mlx_lm.batch_generate at G = 8 on
-# the hybrid, sliding-window and MoE shapes.  bash benchmarks/device/issue20_rollout.sh (carry .gpuB .gpuC .gpuD)
+# Where the hybrid's (qwen3.5-0.8b) prefill goes, one part at a time (benchmarks/hybrid_probe.py: the delta rule, the
+# convolution, mlx-lm's forward, the engine's prefill), then `artmlx bench rollout`, the engine against
+# mlx_lm.batch_generate at G = 8 and 64 rows, on the sliding-window (gemma-3-1b) and MoE (gpt-oss-20b) shapes.
+#   bash benchmarks/device/rollout_families.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 probe="python3 benchmarks/hybrid_probe.py --arch qwen3.5-0.8b --rows 8 --tokens 128 --repeats 2"
 step probe-delta 60 $probe --parts delta

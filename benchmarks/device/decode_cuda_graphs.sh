@@ -1,11 +1,10 @@
-# 2026-12-03, fifth session, on the H200: MLX's CUDA graphs against the decode step's host time. A native profile of
-# 128 agents (issue19_profile.sh) spent its launch time instantiating, updating, destroying (LRU) and launching CUDA
-# graphs of 100 operations each (MLX's default on an H100/H200) and waiting for the device with 10 such graphs in
-# flight. Here: 128 agents (16 x 8, chunks of 8) and one row (decode_profile) under three settings of MLX's own
-# switches, each in its own process (MLX reads them once). First the fused LoRA kernel with run-time sizes.
-#   bash benchmarks/device/issue19_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# MLX's CUDA-graph switches against a decode step's host time, 0.5B shape: 128 agents (16 x 8, chunks of 8) and one
+# row (benchmarks/decode_profile.py) under MLX_MAX_OPS_PER_BUFFER=1000 (MLX's default on an H100/H200 is 100),
+# MLX_USE_CUDA_GRAPHS=0, and MLX_MAX_OPS_PER_BUFFER=1000 with MLX_CUDA_GRAPH_CACHE_SIZE=4000, each in its own process
+# (MLX reads them once). First the fused LoRA kernel against mlx-lm's LoRA product (cases from its tests).
+#   bash benchmarks/device/decode_cuda_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
-# the fused LoRA kernel now reads its layer sizes at run time: its tests' comparison with mlx-lm's product
+# the fused LoRA kernel (layer sizes read at run time) against mlx-lm's LoRA product, its tests' cases
 step lora-kernel 120 python3 -c "
 import sys; sys.path.insert(0, 'tests/model')
 import types; sys.modules.setdefault('pytest', types.SimpleNamespace(mark=types.SimpleNamespace(

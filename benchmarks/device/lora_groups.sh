@@ -1,6 +1,8 @@
-# 2026-12-04 on the H200: sibling projections grouped (model/lora_groups.py) against each alone (ARTMLX_LORA_GROUPS=0):
-# their tests on CUDA, one conversation served against mlx_lm.server, and 128 agents (16 x 8, chunks of 8).
-#   bash benchmarks/device/issue19_lora_groups.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# Sibling projections grouped (q/k/v and gate/up as one product and one LoRA term, model/lora_groups.py,
+# ARTMLX_LORA_GROUPS=1) against each alone (ARTMLX_LORA_GROUPS=0), 0.5B shape, each arm in its own process: one
+# conversation served (1 x 1,000 x 4) against mlx_lm.server, and 128 agents (16 x 8, chunks of 8); then their tests
+# on CUDA (TEST_LIMIT sets that step's limit).
+#   bash benchmarks/device/lora_groups.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/qwen2.5-0.5b ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/qwen2.5-0.5b
 for groups in 1 0; do

@@ -1,7 +1,7 @@
-# 2026-12-04 (seventh session) on the H200: where the colocated learner's update goes beside its actor thread on
-# issue 22's 1.5B workload (it took 25.6 s there against 6.6 s alone): `artmlx run --placement colocated` under
-# `py-spy record --threads --native` (summarised by benchmarks/spy_summary.py per thread).
-#   bash benchmarks/device/issue22_colocated_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# Where the colocated learner's update goes beside its actor thread on the 1.5B pipeline workload: `artmlx run
+# --placement colocated` (4 updates) under `py-spy record --threads --native --subprocesses` (benchmarks/spy_summary.py
+# condenses it per thread).
+#   bash benchmarks/device/colocated_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 step synth-q15 120 python3 -m artmlx model synth qwen2.5-1.5b --out /tmp/q15
 step colocated-profiled 330 py-spy record -r 20 --threads --native --subprocesses -f raw -o $OUT/colocated-1.5b.raw -- \

@@ -1,7 +1,7 @@
-# 2026-12-04 (ninth session) on the H200: where `artmlx run --actors 1 --rollout` spends the 4-5 s per update it
-# takes beyond `--env` on the 0.5B 4-turn workload (16 x 8, chunks of 8): both runs of agent_turns.py's pipeline
-# part under `py-spy record --threads --native --subprocesses` (per process and thread: benchmarks/spy_summary.py).
-#   bash benchmarks/device/issue19_pipeline_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# Where `artmlx run --actors 1 --rollout` spends the seconds per update it takes beyond `--env` on the 0.5B 4-turn
+# workload (16 x 8, chunks of 8): both runs of agent_turns.py's pipeline part under `py-spy record --threads --native
+# --subprocesses`; benchmarks/spy_summary.py condenses the profile per process and thread.
+#   bash benchmarks/device/pipeline_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
 step pipeline-profiled 400 py-spy record -r 20 --threads --native --subprocesses -f raw -o $OUT/pipeline-0.5b.raw -- \

@@ -1,7 +1,7 @@
-# 2026-12-04 (seventh session) on the H200: one conversation served (1 x 1,000 x 4, both servers with the same nonzero
-# adapter), artmlx serve against mlx_lm.server, three times in one call (the run-to-run spread that issue 19's >= 1x
-# target sits in); then the grouped projections' CUDA tests (corrected after the last call, not run since).
-#   bash benchmarks/device/issue19_1conv_thrice.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# One conversation served (1 x 1,000 x 4: a 1,000-word system prompt, then 4 turns; both servers given the same
+# nonzero adapter), `artmlx serve` against `mlx_lm.server` through benchmarks/serve_turns.py, three times in one call:
+# the run-to-run spread of that ratio. Then the grouped projections' and the fused LoRA kernel's tests on CUDA.
+#   bash benchmarks/device/serve_one_conversation.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
 for pass in 1 2 3; do

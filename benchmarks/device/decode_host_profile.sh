@@ -1,8 +1,9 @@
-# 2026-12-03, fifth session, on the H200: where a decode step's host time goes. One row: the scheduler (chunks of 8)
-# against mlx-lm's generate_step bare and with the same LoRA layers; then native py-spy profiles (raw collapsed
-# stacks, per thread) of artmlx serve's one-conversation workload and of 128 agents (chunks of 8); then 128 agents
-# with the fused LoRA product at every row count (ARTMLX_FUSED_LORA_ROWS=512) against its default limit of 32.
-#   bash benchmarks/device/issue19_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
+# Where a decode step's host time goes, 0.5B shape. One row: the scheduler (chunks of 8) against mlx-lm's
+# generate_step bare and with the same LoRA layers; then native py-spy profiles (raw collapsed stacks, per thread;
+# benchmarks/spy_summary.py condenses them) of artmlx serve's one-conversation workload and of 128 agents (chunks of
+# 8); then 128 agents with the fused LoRA product at every row count (ARTMLX_FUSED_LORA_ROWS=512; its default limit
+# is 32).
+#   bash benchmarks/device/decode_host_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 step synth-q05 40 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05
 step decode-1row 80 python3 benchmarks/decode_profile.py --model /tmp/q05 --rows 1 --repeats 3 --decode-chunk 8 \

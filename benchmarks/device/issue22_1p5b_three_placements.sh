@@ -1,8 +1,0 @@
-# 2026-12-04 (seventh session) on the H200: issue 22's 1.5B workload, `train`, `run --actors 1` as processes and
-# `run --actors 1 --placement colocated`, one invocation (4 updates each, the first left out).
-#   bash benchmarks/device/issue22_1p5b_three_placements.sh (carry .gpuB .gpuC .gpuD .gpuE)
-source benchmarks/device/common.sh
-step pipeline-1.5b 540 python3 -m artmlx bench pipeline --model qwen2.5-1.5b --env-arg prompt_tokens=256 \
-  --env-arg turns=2 --env-arg user_tokens=556 --set max_reply_tokens=64 --set max_turns=2 \
-  --set max_episode_tokens=4096 --actors 1 --colocated --steps 4 --json $OUT/pipeline-1.5b-three-placements.json
-save_ptx
