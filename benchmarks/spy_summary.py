@@ -3,7 +3,7 @@ kernel compilation (NVRTC) apart, then by the project's Python line and by MLX/C
 
     python benchmarks/spy_summary.py PROFILE.txt [--thread scheduler] [--top 20] [--json FILE]
 
-The device scripts record raw profiles (`benchmarks/device/issue19_profile.sh`); those are megabytes, so what
+The device scripts record raw profiles (`benchmarks/device/decode_host_profile.sh`); those are megabytes, so what
 is kept in `benchmarks/results/` is this summary of them.
 """
 
