@@ -11,6 +11,9 @@ from pathlib import Path
 
 import click
 
+from .cli_help import SectionedGroup
+from .cli_options import train_config as _train_config, train_options
+
 
 def _fail(error: Exception) -> None:
     """Exit with the error's message: status 2 when the run's agent code or scenarios cannot be loaded."""
@@ -39,134 +42,10 @@ def main() -> None:
     _entry(cli, "artmlx")
 
 
-# `artmlx --help` lists the commands by what a user is doing, each with a one-line summary; a command
-# missing here is listed under "Other" with its docstring's first sentence (a test keeps every one placed).
-SECTIONS = (
-    ("Train and evaluate", (
-        ("train", "Train in one process: play groups, GRPO update, evaluate; repeat."),
-        ("run", "Learner and N actors on this machine, supervised (the pipeline)."),
-        ("eval", "Score a base model or adapters on held-out tasks, with a 95% CI."),
-        ("plot", "Plot reward and eval score of one or more runs."),
-        ("config", "Every config field with its default; --recipes lists recipes."),
-    )),
-    ("Models and serving", (
-        ("model", "Import GGUF files, list packaged models, synthesize shapes."),
-        ("serve", "OpenAI-compatible server with exact token ids and logprobs."),
-    )),
-    ("Several machines", (
-        ("up", "Start the learner and every actor of a hosts file."),
-        ("down", "Stop them (the learner checkpoints first)."),
-        ("doctor", "Check every host and say what to fix."),
-        ("fleet-status", "The learner's state summed per host."),
-        ("logs", "The last lines of every process's log, per host."),
-        ("service", "A launchd or systemd unit that keeps an actor running."),
-        ("keygen", "Create CURVE keys for the learner and an actor."),
-    )),
-    ("Processes (what run and up start)", (
-        ("learner", "The learner: trains on actors' groups, sends adapters."),
-        ("actor", "An actor: plays groups with the latest adapters."),
-        ("status", "A running learner's state and its actors."),
-    )),
-    ("Measure", (
-        ("bench", "Speed and memory benchmarks, side by side in one process."),
-    )),
-)
-
-
-class SectionedGroup(click.Group):
-    """A click group whose help lists commands in `SECTIONS` instead of one alphabetical block."""
-
-    def format_commands(self, ctx, formatter) -> None:
-        visible = {name: command for name in self.list_commands(ctx)
-                   if (command := self.get_command(ctx, name)) is not None and not command.hidden}
-        placed = {name for _, rows in SECTIONS for name, _ in rows}
-        limit = formatter.width - 6 - max(map(len, visible), default=0)
-        sections = [(title, [(n, summary) for n, summary in rows if n in visible]) for title, rows in SECTIONS]
-        sections.append(("Other", [(n, visible[n].get_short_help_str(limit)) for n in visible if n not in placed]))
-        for title, rows in sections:
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-
-
 @click.group(cls=SectionedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="artmlx")
 def cli() -> None:
     """Reinforcement learning (GRPO) for LLM agents on MLX."""
-
-
-def _load_train_config(config_file, overrides, settings, resume=False):
-    """Config file (on --resume: the run's own config.toml), then flags and --set on top."""
-    from .config import load_config, parse_override
-
-    if resume and not config_file and overrides.get("out"):
-        run_config = Path(overrides["out"]) / "config.toml"
-        config_file = run_config if run_config.exists() else None
-
-    values = dict(overrides)
-    for item in settings:
-        key, value = parse_override(item)
-        values[key] = value
-    return load_config(config_file, values)
-
-
-def _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings):
-    """The run configuration of `train`, `learner` and `run` from their shared options."""
-    fields = {"model": model, "env": env, "rollout": rollout, "scenarios": scenarios,
-              "eval_scenarios": eval_scenarios, "steps": steps, "seed": seed, "out": out}
-    config = _load_train_config(config_file, fields, settings, resume)
-    if resume and not config.out:
-        raise ValueError("--resume needs --out RUN_DIR (the run to continue)")
-    return config
-
-
-_train_options = [
-    click.option("--config", "config_file", metavar="FILE|RECIPE",
-                 help="TOML file with config fields, or a packaged recipe's name (`artmlx config --recipes`)."),
-    click.option("--model", help="tiny (embedded, default), a packaged model (`artmlx model list`), a GGUF file, "
-                                 "a Hugging Face id or a local model folder."),
-    click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
-    click.option("--rollout", help="Agent instead of env (run, learner): module:function or file.py:function, "
-                                   "ART's `async def rollout(model, scenario) -> Trajectory` or "
-                                   "`async def rollout(client, scenario)` with an openai client."),
-    click.option("--scenarios", help="Scenarios for --rollout: a JSONL file or module:name of a list."),
-    click.option("--eval-scenarios", help="Held-out scenarios the learner evaluates a --rollout agent on "
-                                          "(JSONL or module:name); without them an agent run is not evaluated."),
-    click.option("--steps", type=int, help="Number of GRPO updates."),
-    click.option("--seed", type=int, help="Run seed."),
-    click.option("--out", help="Run directory (default runs/<date>-<time>)."),
-    click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint."),
-    click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-                 help="Override any config field (TOML value syntax); repeatable. `artmlx config` lists fields."),
-]
-
-
-AGENT_OPTIONS = ("--rollout", "--scenarios", "--eval-scenarios")
-
-
-def train_options(function=None, *, agents: bool = True):
-    """The shared run options; `agents=False` leaves out the agent ones (`artmlx train` plays environments only:
-    agents are played by actors)."""
-    def decorate(function):
-        for option in reversed(_train_options):
-            function = option(function)
-        return function
-
-    if agents:
-        return decorate(function) if function else decorate
-    options = [o for o in _train_options if not _declares_agent_option(o)]
-
-    def decorate_envs(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-
-    return decorate_envs
-
-
-def _declares_agent_option(option) -> bool:
-    probe = option(lambda: None)
-    return any(name in AGENT_OPTIONS for param in probe.__click_params__ for name in param.opts)
 
 
 @cli.command()

@@ -108,7 +108,8 @@ def test_every_recipe_is_a_valid_config():
 def test_help_lists_every_command_once_under_a_section():
     import click
 
-    from artmlx.cli import SECTIONS, cli
+    from artmlx.cli import cli
+    from artmlx.cli_help import SECTIONS
 
     ctx = click.Context(cli)
     visible = {n for n in cli.list_commands(ctx) if not cli.get_command(ctx, n).hidden}

@@ -19,11 +19,9 @@ Sizing rules (all in `MemoryPlan`):
   layers hold a state per row instead; Gemma 4's KV-shared layers hold nothing.
 - Rows per batch are the fewer of what fits and `DEVICE_ROWS` for the backend (beyond it decode
   throughput no longer grows: on the H200, 0.5B shape, 2,011 / 4,977 / 5,937 tok/s at 64 / 256 / 512
-  rows; on a 2-core CPU, 0.5B shape, 3 / 4 / 4 tok/s at 16 / 32 / 64 rows, and tic-tac-toe with the
-  tiny model 5.5 / 7.8 / 7.5 / 7.9 groups/s at 16 / 32 / 64 / 128 rows; larger CPU batches only
-  make an actor's batches slower to arrive: `artmlx run` on 2 cores took 4.3 s per update with
-  32-row batches against 6.2 s with 64). An actor generates `rows // G` groups per batch, at most its share of
-  an update (`artmlx run`'s windows follow that number).
+  rows; on a 2-core CPU, tic-tac-toe with the tiny model, 5.5 / 7.8 / 7.5 / 7.9 groups/s at 16 / 32 / 64 /
+  128 rows, and `artmlx run` took 4.3 s per update with 32-row batches against 6.2 s with 64). An actor
+  generates `rows // G` groups per batch, at most its share of an update (`artmlx run`'s windows follow it).
 - Prefill chunks: as many tokens per forward as `WORKSPACE_SHARE` of the free memory holds at
   `prefill_bytes_per_token`: every layer's activations, since a forward's buffers are released only
   as the device finishes with them (measured on the H200: 0.8 MB per token for Qwen2.5-0.5B in
@@ -90,12 +88,13 @@ HEAD_CHUNK_ENTRIES = 1 << 25  # logits per chunk of the learner's head (learner/
 HEAD_CHUNK_MAX_ROWS = 4096
 HEAD_BYTES_PER_CHUNK_ENTRY = 48  # its peak per entry, forward and backward (measured 40 on the CPU), rounded up
 HEAD_CHUNKED_BYTES_PER_VOCAB = 2  # and what still grows with the policy tokens (measured 1.4 per token and entry)
+GB = 1 << 30
 
 
 def head_chunk_rows(vocab: int) -> int:
     """Rows per chunk of the learner's vocabulary projection (`learner/head.chunked_logprobs`)."""
     return max(1, min(HEAD_CHUNK_MAX_ROWS, HEAD_CHUNK_ENTRIES // max(vocab, 1)))
-GB = 1 << 30
+
 
 
 def device_kind() -> str:
