@@ -193,6 +193,9 @@ def test_a_remote_actor_joins_a_colocated_learner_killed_and_resumed(tmp_path):
     final = assert_resumed(run, checkpoint, 8)
     assert len(final["actors_peak_memory_gb"]) == 2 and final["actors_unconfirmed"] == 0
     assert all(r["staleness_max"] <= 2 for r in train_rows(run))
+    # exact across the restart: this process's groups, and the run's over both processes
+    assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0, final
+    assert final["run_groups_trained"] == 4 * 8 and final["run_learner_starts"] == 2, final
 
 
 @pytest.mark.slow

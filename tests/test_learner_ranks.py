@@ -57,6 +57,7 @@ def test_a_lost_rank_restarts_the_ranks_from_the_checkpoint_and_one_rank_can_res
     final = assert_resumed(run, checkpoint, 6)
     # the actor stayed across the restart: the restarted learner's ledger counts its groups from the new Welcome
     assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0, final
+    assert final["run_groups_trained"] == 4 * 6 and final["run_learner_starts"] == 2, final
     assert all(row["learner_ranks"] == 2 for row in rows)
 
     # the checkpoint is one rank's state: one rank goes on from it, and says so
@@ -66,6 +67,7 @@ def test_a_lost_rank_restarts_the_ranks_from_the_checkpoint_and_one_rank_can_res
     assert "learner: resuming with 1 learner rank; the checkpoint was written by 2" in output
     final = assert_resumed(run, {"step": 6, "policy_version": train_rows(run)[5]["policy_version"]}, 8)
     assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0
+    assert final["run_groups_trained"] == 4 * 8 and final["run_learner_starts"] == 3, final
     assert [row["learner_ranks"] for row in train_rows(run)] == [2] * 6 + [1] * 2
     assert not learner_rank_pids(run, 0) and not learner_rank_pids(run, 1)
 

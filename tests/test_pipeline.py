@@ -122,30 +122,40 @@ def test_killed_actor_is_restarted_and_training_continues(tmp_path):
 
 
 @pytest.mark.slow
-def test_learner_kill_9_and_resume_with_running_actors(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_learner_stopped_and_resumed_with_running_actors(tmp_path, stop):
+    """kill -9: the actor stays across the restart and resends what was unacknowledged. SIGTERM: the learner
+    checkpoints and stops its actors, and the resumed learner gets a new one. The ledger is exact either way."""
     run = tmp_path / "run"
     address = f"tcp://127.0.0.1:{free_port()}"
     learner = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--set", "eval_every=0",
                              *SMALL)
-    actor = artmlx_process("actor", "--connect", address, "--name", "steady")
+    actors = [artmlx_process("actor", "--connect", address, "--name", "steady")]
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (run / "metrics.jsonl").exists() or len(train_rows(run)) < 3:
             time.sleep(0.2)
-        learner.send_signal(signal.SIGKILL)
-        learner.communicate(timeout=30)
+        learner.send_signal(stop)
+        learner.communicate(timeout=60)
+        if stop == signal.SIGTERM:  # a graceful stop ends the actors too
+            first_output, _ = actors[0].communicate(timeout=60)
+            assert actors[0].returncode == 0 and "exiting: signal 15" in first_output, first_output
+            actors.append(artmlx_process("actor", "--connect", address, "--name", "next"))
         checkpoint = json.loads(sorted((run / "checkpoints").glob("step_*"))[-1].joinpath("trainer_state.json").read_text())
         resumed = artmlx_process("learner", "--bind", address, "--out", str(run), "--steps", "8", "--resume")
         output, _ = resumed.communicate(timeout=600)
         assert resumed.returncode == 0, output
-        actor_output, _ = actor.communicate(timeout=60)
-        assert actor.returncode == 0, actor_output
+        actor_output, _ = actors[-1].communicate(timeout=60)
+        assert actors[-1].returncode == 0, actor_output
     finally:
-        for process in (learner, actor):
+        for process in (learner, *actors):
             if process.poll() is None:
                 process.kill()
-    assert_resumed(run, checkpoint, 8)
+    final = assert_resumed(run, checkpoint, 8)
     assert "training finished" in actor_output
+    # the whole run's ledger, carried by the checkpoint: every update's groups trained once, over two processes
+    assert final["run_groups_trained"] == 4 * 8 and final["run_learner_starts"] == 2, final
+    assert final["groups_unaccounted"] == 0 and final["groups_in_flight"] == 0, final
 
 
 def assert_resumed(run, checkpoint: dict, steps: int) -> dict:

@@ -38,6 +38,7 @@ from ..model.policy import LoraSpec, adapter_weights, fingerprint
 from ..protocol.admission import AGENT_STATS, SAMPLING_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
+from ..protocol.ledger import RUN_SETTLED, checked_run_totals, run_totals
 from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
@@ -88,12 +89,13 @@ class LearnerService:
                                    group=ranks.group if ranks is not None else None)
         self.log = open_metrics(self.run_dir, config, echo)
         consumed: dict[str, int] | list[str] = {}
-        self.elapsed_before = 0.0
+        self.elapsed_before, self.ledger_before = 0.0, {}
         resumed = latest_checkpoint(self.run_dir) if resume else None
         if resume:
             extra = load_checkpoint(resumed, self.trainer)
             consumed = extra.get("consumed", {})  # group id -> policy version (a list in older checkpoints)
             self.elapsed_before = extra.get("time", 0.0)
+            self.ledger_before = checked_run_totals(extra.get("ledger"))  # settled by earlier learner processes
             before, now = extra.get("learner_ranks", 1), self.rank_count
             if echo and before != now:  # the checkpoint is one rank's state: any number of ranks goes on from it
                 print(f"learner: resuming with {now} learner rank{'s' * (now > 1)}; the checkpoint was written by {before}",
@@ -270,6 +272,11 @@ class LearnerService:
                 "groups_rejected": counts["rejected"], "groups_settled_earlier": counts["settled_earlier"],
                 "messages_rejected": self.hub.socket.rejections.total}
 
+    def _run_ledger(self) -> dict:
+        """The whole run's settled groups, earlier learner processes included (`ledger.run_totals`)."""
+        return {f"run_groups_{key}" if key in RUN_SETTLED else f"run_{key}": value
+                for key, value in run_totals(self.ledger_before, self.hub.counts).items()}
+
     def _after_update(self) -> None:
         step, config = self.trainer.step, self.config
         if config.eval_due(step):
@@ -318,7 +325,7 @@ class LearnerService:
         self.checkpointed_step = self.trainer.step
         save_run_state(self.run_dir, self.trainer, self.spec, self.config.model,
                        {"time": self._now(), "seed": self.config.seed, "consumed": dict(sorted(self.hub.consumed.items())),
-                        "learner_ranks": self.rank_count},
+                        "learner_ranks": self.rank_count, "ledger": run_totals(self.ledger_before, self.hub.counts)},
                        self.config.keep_checkpoints)
 
     def _finish(self) -> None:
@@ -340,7 +347,7 @@ class LearnerService:
                     self.colocated.stop()
             self._show(phase=f"done: {reason}")
             self.log.write({**self.trainer.position(), "time": self._now(), "final": True, **self._group_counts(),
-                            **self.hub.ledger(), "actors_peak_memory_gb": self.hub.actor_memory(),
+                            **self.hub.ledger(), **self._run_ledger(), "actors_peak_memory_gb": self.hub.actor_memory(),
                             "actors_unconfirmed": unconfirmed, **self.hub.actor_totals(AGENT_STATS + SAMPLING_STATS),
                             "stop_reason": reason})
         self.log.close()

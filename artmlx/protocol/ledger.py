@@ -16,6 +16,27 @@ from __future__ import annotations
 import collections
 
 SETTLED = ("trained", "stale", "rejected", "settled_earlier")
+RUN_SETTLED = ("trained", "stale", "rejected")
+"""What a checkpoint carries forward: groups settled by every learner process up to it (a group an earlier
+process settled and this one sees again is `settled_earlier` here and counted there, never twice)."""
+
+
+def run_totals(before: dict, counts: dict) -> dict:
+    """The run's settled groups over all its learner processes: a checkpoint's totals (`before`, empty for a
+    new run) plus this process's counts; `learner_starts` counts the processes. Groups an earlier process
+    settled after its last checkpoint are not in them: the updates they went into were lost and redone."""
+    totals = {key: int(before.get(key, 0)) + int(counts.get(key, 0)) for key in RUN_SETTLED}
+    return {**totals, "learner_starts": int(before.get("learner_starts", 0)) + 1}
+
+
+def checked_run_totals(value) -> dict:
+    """A checkpoint's `ledger` entry, refused by name when it is not counts (an older checkpoint has none)."""
+    if value is None:
+        return {}
+    keys = (*RUN_SETTLED, "learner_starts")
+    if not isinstance(value, dict) or any(not isinstance(value.get(k, 0), int) or value.get(k, 0) < 0 for k in keys):
+        raise ValueError(f"the checkpoint's ledger must map {', '.join(keys)} to counts, got {value!r:.200}")
+    return {key: value[key] for key in keys if key in value}
 
 
 def balance(sent: int, resent: int, in_flight: int, counts: dict) -> dict:
