@@ -56,7 +56,15 @@ def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
     }
     for outcome in outcomes:
         row[f"eval_{outcome}_rate"] = float(np.mean([e.info.get("outcome") == outcome for e in episodes])) if n else 0.0
+    for counter in EPISODE_COUNTERS:  # a tool task's: how many episodes made a call at all
+        if any(counter in e.info for e in episodes):
+            row[f"eval_{counter}_rate"] = float(np.mean([(e.info.get(counter) or 0) > 0 for e in episodes]))
     return row
+
+
+EPISODE_COUNTERS = ("tool_calls", "tool_errors")
+"""Counts an environment may put in its last step's `info`; the evaluation reports the share of episodes
+with at least one (`eval_tool_calls_rate`: episodes that called a tool)."""
 
 
 def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], temperature: float,

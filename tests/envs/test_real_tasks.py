@@ -155,3 +155,23 @@ def test_hints_are_optional_and_state_what_should_have_been_different():
         with pytest.raises(ValueError, match="hints must be true or false"):
             cls(hints="yes")
     assert make_env("math", {"hints": True}).hints
+
+
+def test_the_evaluation_reports_the_share_of_calculator_episodes_that_called_the_tool():
+    from artmlx.envs.calculator import Calculator, call_text
+    from artmlx.rollout.evaluation import summarize
+    from artmlx.trajectory import Episode
+
+    def played(replies):
+        env = Calculator()
+        env.reset(3)
+        for reply in replies:
+            result = env.step(reply)
+        return Episode([1], [True], [0.0], result.reward, result.info)
+
+    with_call = played([call_text(Calculator().expression or "2 * 3"), "6"])
+    broken_call = played(["<tool_call>\nnot json\n</tool_call>", "7"])
+    without = played(["It is 12."])
+    row = summarize([with_call, broken_call, without], Calculator.outcomes)
+    assert row["eval_tool_calls_rate"] == 2 / 3 and row["eval_tool_errors_rate"] == 1 / 3
+    assert "eval_tool_calls_rate" not in summarize([Episode([1], [True], [0.0], 1.0, {"outcome": "correct"})], ("correct",))
