@@ -38,6 +38,7 @@ from ..model.policy import LoraSpec, adapter_weights, fingerprint
 from ..protocol.admission import AGENT_STATS, SAMPLING_STATS, GroupLimits, inbound_message_limit
 from ..protocol.convert import message_to_group
 from ..protocol.hub import CONSUMED_KEPT_VERSIONS, LearnerHub
+from ..procstats import process_stats
 from ..protocol.ledger import RUN_SETTLED, checked_run_totals, run_totals
 from ..protocol.sockets import LearnerSocket
 from ..protocol.status import format_status
@@ -248,6 +249,7 @@ class LearnerService:
         self.updating = False
         seconds = time.perf_counter() - started
         stats["peak_memory_gb"] = mx.get_peak_memory() / 2**30
+        stats.update(process_stats())  # what a long run watches for growth (benchmarks/soak.py)
         for message in batch:
             self.hub.consume(message.group_id, "trained", policy_version=message.policy_version)
         # Ids are remembered for CONSUMED_KEPT_VERSIONS versions (bounded memory): a copy resent after a
