@@ -22,8 +22,8 @@ abort in MLX) ends the whole process, learner included: the price of sharing it.
 
 `artmlx run --placement auto` does not choose it: measured, actor processes were as fast or faster everywhere
 (`benchmarks/RESULTS.md`). On this 2-core CPU one colocated actor ran about as fast as one actor process; on one
-H200, 1.13x `train` against 1.21x for processes on the 0.5B 4-turn workload (2026-12-02), and 0.79x against 0.98x
-on the 1.5B workload of long prefills (2026-12-04), where the learner's update slows fourfold beside the actor
+H200, 1.13x `train` against 1.21x for processes on the 0.5B 4-turn workload, and 0.79x against 0.98x
+on the 1.5B workload of long prefills, where the learner's update slows fourfold beside the actor
 thread in MLX's CUDA-graph bookkeeping.
 """
 

@@ -17,7 +17,7 @@ other input, with as many rows as its 4-bit product dequantizes for (a long pref
 training, or outside the engine's `inference()`, runs alone as before. The results equal the members' own up to the order of float32
 additions inside the kernel (tested against the members run alone).
 
-Off by default: on the H200 (2026-12-04, 0.5B shape) 128 agents took 11.1 / 10.2 s grouped against 9.9 / 10.0 s
+Off by default: on the H200 (0.5B shape) 128 agents took 11.1 / 10.2 s grouped against 9.9 / 10.0 s
 alone: MLX's launch time per run fell by ~0.4-1.0 s and the Python building the steps grew by ~0.5 s, and the
 one-conversation serving runs were too noisy to tell (benchmarks/RESULTS.md). `ARTMLX_LORA_GROUPS=1` turns it
 on, for measuring it on other machines (a Mac's Metal backend pays other launch costs).
