@@ -103,6 +103,9 @@ class TrainConfig:
     OpenClaw-RL) or `policy` (the current adapters, as SDPO). Without hints nothing changes."""
     hint_weight: float = 1.0
     """Weight of a hinted token's teacher advantage, log pi_teacher - log pi_old (`learner/distill.py`)."""
+    hint_baseline: str = "none"
+    """`none`: a hinted token's teacher advantage as OpenClaw-RL has it; `episode`: minus its mean over the
+    episode's sampled tokens, so a hint that lowers (or raises) every token alike moves none of them."""
     reward_weight: float = 1.0
     """Weight of GRPO's reward advantage beside the hint's; 1 with no hints leaves GRPO as it is."""
     minibatches: int = 1
@@ -185,6 +188,7 @@ CHOICES = {
     "normalization": ("token_mean", "seq_mean", "constant"),
     "grad_checkpoint": ("auto", "on", "off"),
     "hint_teacher": ("base", "policy"),
+    "hint_baseline": ("none", "episode"),
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",

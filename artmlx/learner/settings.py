@@ -31,6 +31,7 @@ class TrainerSettings:
     lora_dropout: float
     hint_teacher: str  # directive hints (`distill.py`): "base" (LoRA off) or "policy"
     hint_weight: float
+    hint_baseline: str  # "none" or "episode" (`distill.token_advantages`)
     reward_weight: float
 
     @classmethod

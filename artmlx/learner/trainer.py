@@ -221,7 +221,8 @@ class GRPOTrainer:
             episode = data.episodes[i]
             mask = np.asarray(episode.policy_mask, bool)
             data.token_advantages[i] = token_advantages(float(data.advantages[i]), mask, np.asarray(episode.logprobs),
-                                                        logp, config.reward_weight, config.hint_weight)
+                                                        logp, config.reward_weight, config.hint_weight,
+                                                        config.hint_baseline)
             gaps.append(logp - np.asarray(episode.logprobs, np.float32)[mask])
         reward_sum = sum(abs(config.reward_weight * float(a)) * e.policy_tokens for a, e in zip(data.advantages, data.episodes))
         gap = np.concatenate(gaps) if gaps else np.zeros(0, np.float32)

@@ -46,6 +46,25 @@ def test_token_advantages_match_numpy(weights):
         token_advantages(0.7, mask, behaviour, teacher[:-1])
 
 
+def test_the_episode_baseline_removes_a_shift_every_token_shares():
+    rng = np.random.default_rng(1)
+    mask = rng.uniform(size=16) < 0.7
+    behaviour = np.where(mask, np.log(rng.uniform(0.05, 1, 16)), 0.0)
+    teacher = np.log(rng.uniform(0.05, 1, int(mask.sum())))
+    gap = teacher - behaviour[mask]
+    got = token_advantages(0.3, mask, behaviour, teacher, 1.0, 2.0, baseline="episode")
+    reference = np.zeros(16)
+    reference[mask] = 0.3 + 2.0 * (gap - gap.mean())
+    np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
+    # a teacher that lowers every sampled token by the same amount moves none of them
+    shifted = token_advantages(0.3, mask, behaviour, behaviour[mask] - 0.25, baseline="episode")
+    np.testing.assert_allclose(shifted, np.where(mask, 0.3, 0.0), atol=1e-6)
+    with pytest.raises(ValueError, match="hint baseline"):
+        token_advantages(0.3, mask, behaviour, teacher, baseline="group")
+    with pytest.raises(ValueError, match="hint_baseline"):
+        load_config(None, {"hint_baseline": "group"})
+
+
 def test_policy_loss_takes_per_token_advantages_and_equals_numpy():
     rng = np.random.default_rng(3)
     shape = (3, 7)
