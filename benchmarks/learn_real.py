@@ -11,6 +11,7 @@ reply length, learning rate, temperature 1, the task's reward and seeds):
 - `train`: `artmlx train --config RECIPE --steps N`, evaluating every `eval_every` updates in the run;
 - `train-hints`: the same with the task's directive hints on (`env_args` `hints = true`, docs/hints.md),
   the frozen base as teacher; `train-hints-policy`: the current policy as teacher (`hint_teacher = "policy"`);
+  `train-hints-centred`: the base teacher with the hint term centred per episode (`hint_baseline = "episode"`);
 - `run`: `artmlx run --config RECIPE --steps N` (a learner and 2 actor processes, evaluating in the learner);
 - `peer`: `benchmarks/peer_learn.py` (mlx-lm-lora's `train_grpo` for `--minutes` of training time, adapters
   saved every `--peer-eval-every-s` and scored afterwards by artmlx's evaluator on the same held-out seeds;
@@ -154,9 +155,10 @@ def main() -> None:
         return
     reused = dict(item.split("=", 1) for item in args.reuse)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = sorted(set(arms) - {"train", "train-hints", "train-hints-policy", "run", "peer"})
+    unknown = sorted(set(arms) - {"train", "train-hints", "train-hints-policy", "train-hints-centred", "run", "peer"})
     if unknown:
-        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, train-hints-policy, run, peer")
+        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, train-hints-policy, train-hints-centred, "
+                     "run, peer")
     recipe_file = resolve_config_path(args.recipe)
     recipe = tomllib.loads(recipe_file.read_text())
     out = Path(args.out).resolve()
@@ -176,11 +178,11 @@ def main() -> None:
         folder = folders[arm] = Path(reused.get(arm, out / arm)).resolve()
         if arm in reused:
             if arm == "peer":
-                raise SystemExit("--reuse takes artmlx arms (train, train-hints, train-hints-policy, run)")
+                raise SystemExit("--reuse takes artmlx arms (train, train-hints, train-hints-policy, train-hints-centred, run)")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"reused": str(folder), "points": points, **flat}
             print(f"{arm}: reused {folder}", flush=True)
-        elif arm in ("train", "train-hints", "train-hints-policy", "run"):
+        elif arm in ("train", "train-hints", "train-hints-policy", "train-hints-centred", "run"):
             steps = args.run_steps if arm == "run" else args.train_steps
             command = [*artmlx_command(), arm.split("-")[0], "--config", str(recipe_file), "--steps", str(steps),
                        "--out", str(folder)]
@@ -193,6 +195,8 @@ def main() -> None:
                 command += ["--set", "env_args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}"]
             if arm == "train-hints-policy":
                 command += ["--set", "hint_teacher=policy"]
+            if arm == "train-hints-centred":
+                command += ["--set", "hint_baseline=episode"]
             wall = run_logged(command, out / f"{arm}.log")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat,
@@ -243,7 +247,7 @@ def main() -> None:
                  f"(ratio {result.get('time_to_peer_final_ratio')})" if peer_final and arm != "peer" else ""),
               flush=True)
 
-    for hinted_arm in ("train-hints", "train-hints-policy"):
+    for hinted_arm in ("train-hints", "train-hints-policy", "train-hints-centred"):
         if "train" not in report["arms"] or hinted_arm not in report["arms"]:
             continue
         plain, hinted = report["arms"]["train"]["points"], report["arms"][hinted_arm]["points"]
@@ -267,6 +271,7 @@ def main() -> None:
 
 
 NAMES = {"train": "`artmlx train`", "train-hints": "`artmlx train`, hints (base teacher)",
+         "train-hints-centred": "`artmlx train`, hints centred (base teacher)",
          "train-hints-policy": "`artmlx train`, hints (policy teacher)", "run": "`artmlx run` (2 actors)",
          "peer": "mlx-lm-lora `train_grpo`"}
 
@@ -296,7 +301,7 @@ def summarize(report: dict) -> str:
                 ratio = result.get("time_to_peer_final_ratio")
                 lines.append(f"- {NAMES.get(arm, arm)} reached it in {seconds(result['seconds_to_peer_final'])}"
                              + (f": **{ratio:.2f}x** mlx-lm-lora's time." if ratio is not None else "."))
-    for key in ("train-hints_vs_plain", "train-hints-policy_vs_plain"):
+    for key in ("train-hints_vs_plain", "train-hints-policy_vs_plain", "train-hints-centred_vs_plain"):
         if key in report:
             c = report[key]
             lines += ["", f"{key}: plain GRPO's best {c['plain_best_score']:.3f} at update {c['plain_updates_to_best']}; "
@@ -313,7 +318,8 @@ def plot(report: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     names = {"train": "artmlx train", "train-hints": "artmlx train, hints (base teacher)",
-             "train-hints-policy": "artmlx train, hints (policy teacher)", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
+             "train-hints-policy": "artmlx train, hints (policy teacher)",
+             "train-hints-centred": "artmlx train, hints centred (base teacher)", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
     for arm, result in report["arms"].items():
         points = result["points"]
         xs = [p["train_seconds"] / 60 for p in points]
