@@ -52,6 +52,7 @@ STABLE_S = 60.0
 MAX_QUICK_CRASHES = 5
 PARENT_ENV = "ARTMLX_PARENT_PID"
 ACTOR_GRACE_S = 10.0  # an actor told to stop ends its batch at the next turn; then it is killed
+ACTOR_LEAVE_S = 30.0  # how long actors may take to leave by themselves once the learner is done
 EXIT_UNUSABLE = 2  # the run's agent code or scenarios cannot be loaded (also click's status for bad usage)
 EXIT_ROLLOUTS_FAILING = 3  # an actor's rollouts failed `rollout_failure_limit` times in a row
 NOT_RESTARTED = {EXIT_UNUSABLE: "its agent code cannot be loaded", EXIT_ROLLOUTS_FAILING: "its rollouts keep failing"}
@@ -299,8 +300,9 @@ def run_pipeline(config: TrainConfig, actors: int, resume: bool = False, plain: 
         try:
             _stop([learner], grace=60)  # a checkpoint of a large model takes a while
             _stop(ranks, grace=10, ask_after=5)  # they leave on rank 0's last word, or wait in a collective
-            # actors leave by themselves on the learner's shutdown message; the rest are told to
-            _stop(list(actor_procs.values()), grace=ACTOR_GRACE_S, ask_after=5)
+            # actors leave by themselves on the learner's shutdown message, at their next turn (an agent's batch
+            # on loaded cores can take tens of seconds); the rest are told to
+            _stop(list(actor_procs.values()), grace=ACTOR_GRACE_S, ask_after=ACTOR_LEAVE_S)
         finally:
             config_file.unlink(missing_ok=True)
     code = learner.returncode
