@@ -59,7 +59,7 @@ class TrainConfig:
     dynamic_sampling_rounds: int = 4
     """DAPO's dynamic sampling: a group whose episodes all got the same reward (no gradient) is replaced by new
     tasks, in up to this many more rounds of sampling per update (`artmlx train`); `artmlx run`'s actors do not
-    send such groups and play on; 0: off, flat groups are sampled, counted and not trained
+    send such groups and play on, up to this many in a row; 0: off, flat groups are sampled, counted and not trained
     (`rollout/dynamic_sampling.py`)."""
     min_group_size: int = 0
     """Agent rollouts: a group whose refused or failed trajectories leave at least this many still trains

@@ -49,6 +49,7 @@ from ..protocol.sockets import ActorSocket
 from ..rollout.agents import RolloutsFailing
 from ..rollout.base import Rollouts
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
+from ..rollout.dynamic_sampling import skip_flat
 
 FAILURE_REPORT_S = 30.0
 
@@ -122,7 +123,7 @@ class ActorService:
         version = self._apply_adapter(rollouts, wait=True)
         rng = np.random.default_rng([config.seed, self.nonce])
         batches, started = 0, time.perf_counter()
-        policy_tokens = played = flat_skipped = 0
+        policy_tokens = played = flat_skipped = flat_in_a_row = 0
         while not self.stop and self.client.shutdown_reason is None:
             per_batch = self.groups_per_batch(config, rollouts)
             # Generate only once the whole batch will fit the window, with the newest adapter by then:
@@ -136,9 +137,11 @@ class ActorService:
             for group in rollouts.play(seeds, config.group_size, key, version):
                 played += 1
                 policy_tokens += group.policy_tokens
-                if config.dynamic_sampling_rounds and not group.has_signal:
+                if skip_flat(group.has_signal, flat_in_a_row, config.dynamic_sampling_rounds):
                     flat_skipped += 1  # dynamic sampling: no gradient in it; the next batch plays new tasks
+                    flat_in_a_row += 1
                     continue
+                flat_in_a_row = 0
                 group.group_id = f"{self.name}-{uuid.uuid4().hex}"
                 self._wait_for_room(1)
                 self.client.submit(group_to_message(group, self.name, config.env, self.client.fingerprint))

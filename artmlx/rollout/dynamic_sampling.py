@@ -15,7 +15,10 @@ sampling new tasks until the batch holds `wanted` groups with signal:
   carries a gradient is thrown away. Flat groups are counted, not trained.
 
 `artmlx run` does the same on its actors: an actor does not send a flat group and plays on
-(`apps/actor.py`), so the learner's updates hold only groups with signal.
+(`apps/actor.py`), so the learner's updates hold groups with signal; as in `train`, at most `extra_rounds`
+flat groups in a row are skipped and the next one is sent (`skip_flat`). Without that bound a model that has
+learned the task makes actors play on and on: in a 4-game-group soak on tic-tac-toe, actors had skipped 17,733
+of 18,052 groups by update 370 and updates took ten times as long.
 """
 
 from __future__ import annotations
@@ -48,3 +51,9 @@ def sample_with_signal(play_round: Callable[[int, int], list[Group]], wanted: in
         kept += [group for group in groups if group.has_signal]
     counts = {"groups_sampled": played, "groups_flat_skipped": played - len(kept), "sampling_rounds": rounds}
     return (kept or groups), counts
+
+
+def skip_flat(has_signal: bool, skipped_in_a_row: int, extra_rounds: int) -> bool:
+    """Whether an actor drops a group instead of sending it: it is flat, dynamic sampling is on, and fewer than
+    `extra_rounds` flat groups in a row were dropped before it (the bound `sample_with_signal` keeps per update)."""
+    return extra_rounds > 0 and not has_signal and skipped_in_a_row < extra_rounds

@@ -66,3 +66,19 @@ def test_an_abandoned_round_ends_sampling_with_nothing():
 
     assert sample_with_signal(play, 4, extra_rounds=3) == ([], {})
     assert calls == [0, 1]
+
+
+def test_an_actor_drops_at_most_extra_rounds_flat_groups_in_a_row():
+    from artmlx.rollout.dynamic_sampling import skip_flat
+
+    signals = [False] * 10 + [True] + [False] * 3
+    sent, in_a_row = [], 0
+    for index, has_signal in enumerate(signals):
+        if skip_flat(has_signal, in_a_row, extra_rounds=4):
+            in_a_row += 1
+            continue
+        in_a_row = 0
+        sent.append(index)
+    # 4 dropped, the 5th sent; 4 dropped, the 10th sent; the group with signal always; 3 flat ones dropped
+    assert sent == [4, 9, 10]
+    assert not skip_flat(False, 0, extra_rounds=0) and not skip_flat(True, 0, extra_rounds=4)
