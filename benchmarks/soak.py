@@ -52,6 +52,25 @@ def growth(points: list[tuple[int, float]]) -> dict:
             "per_100_updates_pct": round(100 * 100 * slope / mean_y, 3) if mean_y else 0.0}
 
 
+class UpdateCounter:
+    """Updates written to a metrics file so far, reading only what was appended since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.count = path, 0, 0
+
+    def updates(self) -> int:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:  # not written yet
+            return self.count
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written waits for the next call
+        self.offset += len(complete)
+        self.count += sum(b'"reward_mean"' in line for line in complete.splitlines())
+        return self.count
+
+
 def train_rows(run: Path) -> list[dict]:
     try:
         return [row for row in read_metrics(run) if "reward_mean" in row]
@@ -67,13 +86,14 @@ def soak(updates: int, restart_every: int, stop: signal.Signals, out: Path, sett
     overrides = [item for setting in ["eval_every=0", *settings] for item in ("--set", setting)]
     learner = start(["learner", "--plain", "--bind", address, "--out", str(run), "--steps", str(updates), *overrides],
                     out / "learner.log")
-    actors: dict[int, tuple[str, subprocess.Popen]] = {}
+    actors: dict[int, tuple[subprocess.Popen, dict]] = {}  # slot -> its process and that life's samples
     lives: list[dict] = []
+    progress = UpdateCounter(run / "metrics.jsonl")
 
     def launch_actor(slot: int, life: int) -> None:
         name = f"soak-{slot}-{life}"
-        actors[slot] = (name, start(["actor", "--connect", address, "--name", name], out / f"{name}.log"))
         lives.append({"name": name, "slot": slot, "samples": []})
+        actors[slot] = (start(["actor", "--connect", address, "--name", name], out / f"{name}.log"), lives[-1])
 
     for slot in (0, 1):
         launch_actor(slot, 0)
@@ -81,24 +101,23 @@ def soak(updates: int, restart_every: int, stop: signal.Signals, out: Path, sett
     try:
         while learner.poll() is None:
             time.sleep(1.0)
-            step = len(train_rows(run))
-            for name, process in actors.values():
-                life = next(life for life in lives if life["name"] == name)
+            step = progress.updates()
+            for process, life in actors.values():
                 rss, fds = resident_mb(process.pid), descriptors(process.pid)
                 if process.poll() is None and rss is not None and fds is not None and step < updates:
                     life["samples"].append((step, rss, fds[0], fds[1]))
             if restart_every and step >= next_restart and step < updates:
                 slot = restarts % 2
-                _, process = actors[slot]
+                process, _ = actors[slot]
                 process.send_signal(stop)
                 process.wait(timeout=120)
                 restarts += 1
                 launch_actor(slot, restarts)
                 next_restart += restart_every
-        for _, process in actors.values():
+        for process, _ in actors.values():
             process.wait(timeout=120)
     finally:
-        for process in [learner, *(p for _, p in actors.values())]:
+        for process in [learner, *(p for p, _ in actors.values())]:
             if process.poll() is None:
                 process.kill()
     if learner.returncode != 0:

@@ -47,6 +47,11 @@ def score_row(scores: list[float]) -> dict:
     return {"eval_score": mean, "eval_score_ci_low": low, "eval_score_ci_high": high, "eval_episodes": n}
 
 
+EPISODE_COUNTERS = ("tool_calls", "tool_errors")
+"""Counts an environment may put in its last step's `info`; the evaluation reports the share of episodes
+with at least one (`eval_tool_calls_rate`: episodes that called a tool)."""
+
+
 def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
     n = len(episodes)
     row = {
@@ -61,10 +66,6 @@ def summarize(episodes: list[Episode], outcomes: tuple[str, ...]) -> dict:
             row[f"eval_{counter}_rate"] = float(np.mean([(e.info.get(counter) or 0) > 0 for e in episodes]))
     return row
 
-
-EPISODE_COUNTERS = ("tool_calls", "tool_errors")
-"""Counts an environment may put in its last step's `info`; the evaluation reports the share of episodes
-with at least one (`eval_tool_calls_rate`: episodes that called a tool)."""
 
 
 def evaluate(engine: EpisodeRollouts, episodes: int, outcomes: tuple[str, ...], temperature: float,
