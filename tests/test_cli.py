@@ -99,7 +99,7 @@ def test_every_recipe_is_a_valid_config():
     from artmlx.config import load_config
     from artmlx.recipes import recipe_names, recipe_summary
 
-    assert {"smollm2-math", "smollm2-word-problems", "smollm2-tictactoe"} <= set(recipe_names())
+    assert {"smollm2-math", "smollm2-word-problems", "smollm2-tictactoe", "smollm2-calculator"} <= set(recipe_names())
     for name in recipe_names():
         config = load_config(name)
         assert config.model == "smollm2-135m-instruct" and recipe_summary(name), name

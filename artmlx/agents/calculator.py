@@ -4,7 +4,8 @@
         --eval-scenarios artmlx.agents.calculator:EVAL_SCENARIOS --set max_reply_tokens=48
 
 Each scenario is `{"seed": N}` (the default scenarios of an agent run), optionally with `"task"`
-(`multiply` or `add`) and `"hints": true` (the trajectory gets the environment's directive hint).
+(`multiply` or `add`), `"shots"` (worked episodes shown first, as the environment's `shots`) and
+`"hints": true` (the trajectory gets the environment's directive hint).
 The request passes the tool in OpenAI's `tools`: a model whose chat template calls tools (Qwen's)
 gets it rendered there, and the server returns its calls as `tool_calls`; a model whose template has
 none (SmolLM2's) reads the description in the system message and writes the call as text, which the
@@ -33,7 +34,8 @@ EVAL_SCENARIOS = [{"seed": EVAL_SEED_BASE + i} for i in range(200)]
 
 
 async def rollout(client, scenario, model: str = "policy") -> Trajectory:
-    env = Calculator(task=scenario.get("task", "multiply"), hints=bool(scenario.get("hints", False)))
+    env = Calculator(task=scenario.get("task", "multiply"), hints=bool(scenario.get("hints", False)),
+                     shots=scenario.get("shots", 0))
     trajectory = Trajectory(messages_and_choices=list(env.reset(int(scenario["seed"]))), tools=[TOOL])
     result = None
     for _ in range(MAX_TURNS):

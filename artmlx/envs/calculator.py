@@ -45,6 +45,7 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.USub: operator.neg, ast.UAdd: operator.pos}
 MAX_EXPRESSION = 200
+MAX_SHOTS = 4
 MAX_MAGNITUDE = 10**15
 
 
@@ -132,7 +133,7 @@ class Calculator:
     outcomes = OUTCOMES
 
     def __init__(self, task: str = "multiply", tool_reward: float = 0.2, format_reward: float = 0.1,
-                 result_role: str = "tool", system: str = SYSTEM, hints: bool = False):
+                 result_role: str = "tool", system: str = SYSTEM, hints: bool = False, shots: int = 0):
         if task not in ("multiply", "add"):
             raise ValueError(f"calculator task must be 'multiply' or 'add', got {task!r}")
         if result_role not in ("tool", "user"):
@@ -141,13 +142,29 @@ class Calculator:
         self.tool_reward, self.format_reward = check_format_reward(tool_reward), check_format_reward(format_reward)
         self.answer, self.calls, self.errors = 0, 0, 0
         self.hints, self.expression, self.last_error = check_flag("hints", hints), "", ""
+        if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= MAX_SHOTS:
+            raise ValueError(f"calculator shots must be an integer from 0 to {MAX_SHOTS}, got {shots!r}")
+        self.shots = shots
 
     def reset(self, seed: int) -> list[dict]:
         question, self.answer = make_task(seed, self.task)
         self.expression = question.removeprefix("What is ").rstrip("?").replace("×", "*")
         self.calls = self.errors = 0
         self.last_error = ""
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": question}]
+        return [{"role": "system", "content": self.system}, *self.demonstrations(seed),
+                {"role": "user", "content": question}]
+
+    def demonstrations(self, seed: int) -> list[dict]:
+        """`shots` worked episodes as earlier turns: question, call, result, answer (their own seeds)."""
+        turns = []
+        for shot in range(self.shots):
+            question, answer = make_task(-(seed * MAX_SHOTS + shot + 1), self.task)
+            expression = question.removeprefix("What is ").rstrip("?").replace("×", "*")
+            turns += [{"role": "user", "content": question},
+                      {"role": "assistant", "content": call_text(expression)},
+                      {"role": self.result_role, "content": calculate(expression)},
+                      {"role": "assistant", "content": str(answer)}]
+        return turns
 
     def hint(self) -> str:
         """The directive hint of the episode so far: the failed call's error, the call to make, the answer."""

@@ -291,6 +291,23 @@ def test_an_agents_directive_hint_becomes_its_episodes_teacher_prompt(server):
     assert any("directive_hint" in line and "must be a string" in line for line in failing.failures.counts)
 
 
+def test_the_calculator_agent_shows_its_worked_episodes_before_the_question():
+    from artmlx.agents.calculator import TOOL, rollout as calculator
+    from artmlx.envs.calculator import Calculator
+
+    server = ModelServer(ServeConfig(model="tiny", name="policy", max_rows=4, max_prompt_tokens=2048, max_tokens=48))
+    try:  # the tiny model's tokenizer is byte-level: a worked episode is about 400 tokens
+        rollouts = AgentRollouts(server, calculator, [{"seed": 7, "shots": 1}], temperature=1.0)
+        groups = rollouts.play([0], group_size=2)
+        assert len(groups) == 1, rollouts.failures.counts
+        opening = Calculator(shots=1).reset(7)
+        assert [m["role"] for m in opening] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        for episode in groups[0].episodes:
+            assert episode.tokens[: episode.prompt_length] == server.prompt_ids(opening, [TOOL])
+    finally:
+        server.close()
+
+
 def test_set_directive_hint_refuses_an_empty_hint():
     from artmlx.hints import set_directive_hint
 

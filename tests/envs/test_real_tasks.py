@@ -116,6 +116,30 @@ def test_calculator_episode_pays_the_tool_then_the_answer():
     assert env.step("no idea").reward == 0.0  # only failed calls: no tool credit, no number
 
 
+def test_calculator_shots_are_worked_episodes_the_environment_itself_pays_in_full():
+    env = Calculator(shots=2)
+    messages = env.reset(7)
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+    assert messages[-1]["content"] == make_task(7, "multiply")[0]
+    questions = [m["content"] for m in messages if m["role"] == "user"]
+    assert len(set(questions)) == 3  # each demonstration is another question than the one asked
+    assert Calculator(shots=2).reset(7) == messages  # a seed gives the same prompt every time
+    assert Calculator(shots=2).reset(8)[1] != messages[1]  # and another seed other demonstrations
+    for shot in range(2):
+        user, call, result, answer = messages[1 + 4 * shot: 5 + 4 * shot]
+        replay = Calculator()
+        replay.reset(0)
+        a, b = (int(x) for x in user["content"].removeprefix("What is ").rstrip("?").split(" × "))
+        replay.answer = a * b  # the demonstration's own question, answered right
+        step = replay.step(call["content"])
+        assert step.messages == [{"role": "tool", "content": result["content"]}] and replay.errors == 0
+        assert replay.step(answer["content"]).reward == 1.0
+    assert Calculator(shots=1, result_role="user").reset(3)[3]["role"] == "user"
+    for bad in (-1, 5, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="calculator shots must be an integer from 0 to 4"):
+            Calculator(shots=bad)
+
+
 def test_parse_call_reads_openai_style_string_arguments_and_reports_bad_json():
     assert parse_call('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1+2\\"}"}</tool_call>') \
         == ("1+2", None)
