@@ -1,6 +1,6 @@
 """LoRA's product for a decode step on MLX's CUDA backend: one kernel instead of five operations.
 
-Measured on the H200 (MLX 0.32.4, `benchmarks/op_host_cost.py`): a small-batch decode step is bound
+Measured on the H200 (MLX 0.32.4, `dev/probes/op_host_cost.py`): a small-batch decode step is bound
 by the host's cost of launching operations, not by the device, and mlx-lm's `LoRALinear` costs ~70 us
 of host time per call: the 4-bit product (~8 us), two cuBLAS products for the rank-r factors (~23 us
 each), a scale, a cast and an add. The 0.5B shape has 168 of them, so one decoded row took 20 ms per

@@ -9,7 +9,7 @@ offsets as mlx-lm's caches pass them. It replaces plain `nn.RoPE` layers and mlx
 (whose fused call passes its own frequencies; theta = position / freq), only on the CUDA backend,
 or when ARTMLX_PORTABLE_ROPE=1;
 the learner and the actors load models the same way, so both compute identical logprobs.
-Probed again (`benchmarks/rope_probe.py`, `results/h200/rope-probe-h200.json`): the fused kernel
+Probed again (`dev/probes/rope_probe.py`, `dev/probes/results/h200/rope-probe-h200.json`): the fused kernel
 launched and agreed (bfloat16) at every probed shape, 1-512 rows, so the failure needs something the probe
 lacks; the one A/B of a decode with it (in pieces, together with LoRA's fused product to 256 rows) was slower
 (13.5 / 14.8 against 11.8 / 12.3 s for 128 agents), so the default is unchanged. The
@@ -49,7 +49,7 @@ rotation costs the host ~100 us per call against one kernel launch: with it, a o
 
 
 # A/B switch (ARTMLX_ROPE_PIECES=1): decode inputs of `fused_below_rows` rows or more take the fused kernel in
-# pieces below that size, joined, instead of the compiled rotation (benchmarks/rope_probe.py checks both).
+# pieces below that size, joined, instead of the compiled rotation (dev/probes/rope_probe.py checks both).
 PIECES = os.environ.get("ARTMLX_ROPE_PIECES") == "1"
 
 

@@ -1,5 +1,5 @@
 # Where the colocated learner's update goes beside its actor thread on the 1.5B pipeline workload: `artmlx run
-# --placement colocated` (4 updates) under `py-spy record --threads --native --subprocesses` (benchmarks/spy_summary.py
+# --placement colocated` (4 updates) under `py-spy record --threads --native --subprocesses` (dev/probes/spy_summary.py
 # condenses it per thread).
 #   bash benchmarks/device/colocated_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh

@@ -1,5 +1,5 @@
 # MLX's CUDA-graph switches against a decode step's host time, 0.5B shape: 128 agents (16 x 8, chunks of 8) and one
-# row (benchmarks/decode_profile.py) under MLX_MAX_OPS_PER_BUFFER=1000 (MLX's default on an H100/H200 is 100),
+# row (dev/probes/decode_profile.py) under MLX_MAX_OPS_PER_BUFFER=1000 (MLX's default on an H100/H200 is 100),
 # MLX_USE_CUDA_GRAPHS=0, and MLX_MAX_OPS_PER_BUFFER=1000 with MLX_CUDA_GRAPH_CACHE_SIZE=4000, each in its own process
 # (MLX reads them once). First the fused LoRA kernel against mlx-lm's LoRA product (cases from its tests).
 #   bash benchmarks/device/decode_cuda_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
@@ -19,7 +19,7 @@ for setting in MLX_MAX_OPS_PER_BUFFER=1000 MLX_USE_CUDA_GRAPHS=0 "MLX_MAX_OPS_PE
   tag=$(echo $setting | tr ' =' '_-')
   step "agents $setting" 90 env $setting python3 benchmarks/agent_turns.py --model /tmp/q05 --groups 16 --rows 128 \
     --cached-only --decode-chunks 8 --json $OUT/agent-turns-0.5b-h200-$tag.json
-  step "1row $setting" 60 env $setting python3 benchmarks/decode_profile.py --model /tmp/q05 --rows 1 --repeats 2 \
+  step "1row $setting" 60 env $setting python3 dev/probes/decode_profile.py --model /tmp/q05 --rows 1 --repeats 2 \
     --decode-chunk 8 --only scheduler --json $OUT/decode-profile-0.5b-1row-$tag.json
 done
 save_ptx

@@ -1,6 +1,6 @@
 # Where `artmlx run --actors 1 --rollout` spends the seconds per update it takes beyond `--env` on the 0.5B 4-turn
 # workload (16 x 8, chunks of 8): both runs of agent_turns.py's pipeline part under `py-spy record --threads --native
-# --subprocesses`; benchmarks/spy_summary.py condenses the profile per process and thread.
+# --subprocesses`; dev/probes/spy_summary.py condenses the profile per process and thread.
 #   bash benchmarks/device/pipeline_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
 source benchmarks/device/common.sh
 [ -d /tmp/q05 ] || step synth-q05 60 python3 -m artmlx model synth qwen2.5-0.5b --out /tmp/q05

@@ -1,6 +1,6 @@
 """How far bfloat16 arithmetic alone moves a model's logprobs, next to how far the sampler and the learner disagree.
 
-    python benchmarks/bf16_noise.py --model FOLDER [--model ...] [--groups 8] [--group-size 8] [--prompt 128]
+    python dev/probes/bf16_noise.py --model FOLDER [--model ...] [--groups 8] [--group-size 8] [--prompt 128]
         [--reply 128] [--dtype bfloat16] [--json FILE]
 
 The engine plays `groups` groups of the synthetic workload (as `artmlx bench rollout`), recording the sampler's
@@ -29,7 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from artmlx.bench.rollout import RolloutBench  # noqa: E402
 from artmlx.learner.settings import trainer_settings  # noqa: E402

@@ -1,6 +1,6 @@
 """One sequence at a time: where the serving scheduler's time goes against mlx-lm's `generate_step`.
 
-    python benchmarks/decode_profile.py --model FOLDER [--prompt 1100] [--tokens 64] [--json FILE]
+    python dev/probes/decode_profile.py --model FOLDER [--prompt 1100] [--tokens 64] [--json FILE]
 
 A `prompt`-token request through the engine's `Scheduler`, driven on this thread (time to its first
 token, then milliseconds per token); a second request that extends the first sequence by 40 tokens
@@ -25,7 +25,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from artmlx.engine.cache import LayerKV  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402

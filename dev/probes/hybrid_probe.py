@@ -1,6 +1,6 @@
 """Where a hybrid (Gated DeltaNet) model's prefill spends its time, one part at a time.
 
-    python benchmarks/hybrid_probe.py [--arch qwen3.5-0.8b] [--layers N] [--rows 8] [--tokens 128]
+    python dev/probes/hybrid_probe.py [--arch qwen3.5-0.8b] [--layers N] [--rows 8] [--tokens 128]
                                       [--parts conv,delta,mlx_lm,engine] [--repeats 3] [--json FILE]
 
 Each part runs `--repeats` times on fresh inputs and prints its seconds as it finishes, so a run
@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def timed(label: str, fn, repeats: int) -> list[float]:
@@ -67,7 +67,7 @@ def main() -> None:
     model, rows, tokens = policy.model, args.rows, args.tokens
     attn = linear_layer(model)
     rng = np.random.default_rng(0)
-    report = {"command": " ".join(["benchmarks/hybrid_probe.py", *sys.argv[1:]]), "device": str(mx.default_device()),
+    report = {"command": " ".join(["dev/probes/hybrid_probe.py", *sys.argv[1:]]), "device": str(mx.default_device()),
               "rows": rows, "tokens": tokens, "model": args.arch, "layers": args.layers or "all"}
     parts = args.parts.split(",")
     print(f"model {args.arch} on {mx.default_device()}; plan prefill_tokens({tokens}) = "

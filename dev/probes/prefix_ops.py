@@ -1,6 +1,6 @@
 """What keeping finished sequences and admitting their next turns costs the host: row by row against together.
 
-    python benchmarks/prefix_ops.py [--rows 128] [--prompt 300] [--layers 24] [--json FILE]
+    python dev/probes/prefix_ops.py [--rows 128] [--prompt 300] [--layers 24] [--json FILE]
 
 When a group of agents' replies end in one step, the scheduler copies each sequence's KV out of the batch
 cache for the prefix cache (`cache_rows.rows_kv`), and when their next turns arrive it builds their cache
@@ -26,14 +26,14 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from artmlx.bench.report import write  # noqa: E402
 from artmlx.engine.cache_rows import cache_with_prefixes, rows_kv  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402
 from artmlx.engine.prefix_cache import Prefix  # noqa: E402
 from artmlx.model.policy import load_base  # noqa: E402
-from step_ops import graph_ops  # noqa: E402  (benchmarks/ is this script's folder)
+from step_ops import graph_ops  # noqa: E402  (dev/probes/ is this script's folder)
 
 
 def flat(kept) -> list:

@@ -6,7 +6,7 @@ position offset per row. On MLX 0.32.4's CUDA backend `mx.fast.rope` failed to l
 the host far more per call. This probes, per rows x heads x head_dim: whether the fused kernel launches,
 its largest difference from `PortableRoPE` (float32), and the same for rows cut into pieces below a limit.
 
-    python benchmarks/rope_probe.py [--json FILE]
+    python dev/probes/rope_probe.py [--json FILE]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from artmlx.model.rope import PortableRoPE  # noqa: E402
 

@@ -1,10 +1,10 @@
 """Condense a `py-spy record --native --threads --format raw` profile into where one thread's samples went:
 kernel compilation (NVRTC) apart, then by the project's Python line and by MLX/CUDA's native frames.
 
-    python benchmarks/spy_summary.py PROFILE.txt [--thread scheduler] [--top 20] [--json FILE]
+    python dev/probes/spy_summary.py PROFILE.txt [--thread scheduler] [--top 20] [--json FILE]
 
 The device scripts record raw profiles (`benchmarks/device/decode_host_profile.sh`); those are megabytes, so what
-is kept in `benchmarks/results/` is this summary of them.
+is kept in `dev/probes/results/` is this summary of them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-OURS = ("artmlx/", "benchmarks/", "mlx_lm/")
+OURS = ("artmlx/", "benchmarks/", "dev/", "mlx_lm/")
 
 
 def summarize(path: Path, thread: str, top: int, process: str = "") -> dict:

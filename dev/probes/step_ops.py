@@ -3,10 +3,10 @@ mlx-lm's own `model(tokens, cache)` step, counted from MLX's graph (`mx.export_t
 path hands its step to `mx.async_eval`/`mx.eval`.
 
 On MLX's CUDA backend a decode step of a small model at few rows is bound by the host, which pays each
-operation's launch (benchmarks/op_host_cost.py: ~6-70 us each on the H200), so the number of operations a
+operation's launch (dev/probes/op_host_cost.py: ~6-70 us each on the H200), so the number of operations a
 step builds is what its time follows there; on the CPU the count is the same and can be measured here.
 
-    python benchmarks/step_ops.py [--model tiny|PATH] [--rows 1,32] [--json FILE]
+    python dev/probes/step_ops.py [--model tiny|PATH] [--rows 1,32] [--json FILE]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from artmlx.config import TrainConfig  # noqa: E402
 from artmlx.engine.generate import Engine  # noqa: E402

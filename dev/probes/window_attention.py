@@ -1,6 +1,6 @@
 """Decode attention with and without an array mask, side by side (why window layers skip the mask when they can).
 
-    python benchmarks/window_attention.py [--rows 64,256] [--slots 256] [--json FILE]
+    python dev/probes/window_attention.py [--rows 64,256] [--slots 256] [--json FILE]
 
 Gemma 3 1B's attention shape (4 query heads, 1 key/value head, head size 256, bfloat16): one query per
 row against `slots` cached keys (a slice of a larger buffer, as the engine's cache returns them), through
