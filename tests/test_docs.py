@@ -40,3 +40,13 @@ def test_the_documentation_site_builds_strictly(tmp_path):
         assert command in cli
     config = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
     assert "hint_teacher" in config and "dynamic_sampling_rounds" in config
+    serve = (tmp_path / "site" / "reference" / "serve" / "index.html").read_text()
+    assert "top_logprobs" in serve and "best_of" in serve and "chat_template_kwargs" in serve
+
+
+def test_every_field_the_server_takes_has_its_note():
+    """The serve reference is generated from these tables: a field a route takes without a note would be missing."""
+    from artmlx.serve import params
+
+    assert set(params.FIELD_NOTES) == params.CHAT_FIELDS | params.COMPLETION_FIELDS
+    assert set(params.BOUNDS) <= set(params.FIELD_NOTES) and not set(params.REFUSED) & set(params.FIELD_NOTES)

@@ -1,23 +1,11 @@
 """What a chat or completions request asks for: every field is implemented, or refused by name.
 
 Each route accepts exactly its fields (`CHAT_FIELDS`, `COMPLETION_FIELDS`); any other key is a 400
-whose `param` names it. A field set to null counts as absent. Fields, and whether a choice that uses
-one can be trained (the learner recomputes logprobs under temperature only):
-
-| field | here | trainable |
-|---|---|---|
-| model, messages / prompt, n, stop, stream, user (accepted, unused) | implemented | yes |
-| max_tokens / max_completion_tokens | up to the server's `--max-tokens` | yes |
-| temperature | implemented | at the learner's temperature |
-| seed | implemented: per-choice keys, reproducible whatever else is batched | yes |
-| top_p, logit_bias, presence_penalty, frequency_penalty | implemented | no: `sampling_modified` |
-| logprobs, top_logprobs (chat, 0-20); logprobs 0-5 (completions, legacy object) | implemented | yes |
-| stream_options.include_usage | implemented (a last chunk with `usage`, no choices) | yes |
-| tools, tool_choice auto / none / required / a named function, parallel_tool_calls | implemented | yes |
-| response_format | `text`; `json_object` / `json_schema` refused: no constrained decoding | - |
-| return_token_ids, return_tokens_as_token_ids (vLLM) | implemented | yes |
-| chat_template_kwargs (vLLM) | passed to the chat template | yes |
-| nvext `{"extra_fields": ["engine_data"]}` (Dynamo; ART sends it) | accepted, see below | yes |
+whose `param` names it, with the reason for those in `REFUSED`. A field set to null counts as absent.
+`FIELD_NOTES` says what each accepted field does and whether a choice that uses it can be trained (the
+learner recomputes logprobs under temperature only); `BOUNDS` holds the numeric fields' default and
+range, which `parse_sampling` checks. The documentation's `reference/serve.md` is generated from
+these tables.
 
 `nvext.extra_fields: ["engine_data"]` asks NVIDIA Dynamo to return its engine's token data (prompt
 and completion ids, logprobs) in a response-level `nvext`. artmlx returns the same data in vLLM's
@@ -48,6 +36,50 @@ REFUSED = {
     "best_of": "'best_of' is not supported: ask for n choices and pick",
 }
 NVEXT_EXTRA_FIELDS = {"engine_data"}
+# field -> (what artmlx serve does with it, whether a choice that uses it can be trained)
+FIELD_NOTES = {
+    "model": ("`NAME` (the newest adapter) or `NAME@STEP`; under `MLXBackend` also the base model's name (LoRA "
+              "off)", "yes"),
+    "messages": ("chat messages (system, user, assistant, tool); text content parts only", "yes"),
+    "prompt": ("a string or a list of token ids", "yes"),
+    "max_tokens": ("up to the server's `--max-tokens` (also the default); above it, a 400 that says to raise it",
+                   "yes"),
+    "max_completion_tokens": ("as `max_tokens`", "yes"),
+    "temperature": ("0 is greedy", "at the learner's temperature"),
+    "n": ("choices per request; identical prompts are prefilled once", "yes"),
+    "stop": ("a string or at most 4 non-empty strings", "yes"),
+    "stream": ("server-sent events, a chunk per token per choice", "yes"),
+    "stream_options": ("`include_usage` only: a last chunk with the usage and no choices", "yes"),
+    "logprobs": ("chat: true/false, entries in `logprobs.content`; completions: 0-5 top tokens in OpenAI's "
+                 "legacy object", "yes"),
+    "top_logprobs": ("chat: the most likely tokens of the same distribution; needs `logprobs: true`", "yes"),
+    "user": ("accepted, not used", "yes"),
+    "seed": ("each choice draws from keys of its own per token, whatever else is batched", "yes"),
+    "top_p": ("applied per row in the batched forward", "no: `sampling_modified`"),
+    "logit_bias": ("token ids (checked against the vocabulary) to -100..100", "no: `sampling_modified`"),
+    "presence_penalty": ("OpenAI's formula", "no: `sampling_modified`"),
+    "frequency_penalty": ("OpenAI's formula", "no: `sampling_modified`"),
+    "tools": ("rendered by the chat template; calls parsed into `message.tool_calls`", "yes"),
+    "tool_choice": ("`auto`, `none`, `required` or a named function (a forced call is prompted, not "
+                    "constrained)", "yes"),
+    "parallel_tool_calls": ("false keeps the first call", "yes"),
+    "response_format": ("`text`; `json_object` and `json_schema` are refused: no constrained decoding", "-"),
+    "return_token_ids": ("vLLM's: ids are returned unless it is false", "yes"),
+    "return_tokens_as_token_ids": ("vLLM's: logprob entries named `token_id:N`", "yes"),
+    "chat_template_kwargs": ("vLLM's: variables passed to the chat template (not its own arguments)", "yes"),
+    "nvext": ('Dynamo\'s `{"extra_fields": ["engine_data"]}` only: the token data is in vLLM\'s fields, no `nvext` '
+              "comes back", "yes"),
+}
+# field -> (default, low, high); ints where the field takes whole numbers. `logprobs` here is /v1/completions'.
+BOUNDS = {
+    "temperature": (1.0, 0.0, 2.0),
+    "top_p": (1.0, 0.0, 1.0),
+    "presence_penalty": (0.0, -2.0, 2.0),
+    "frequency_penalty": (0.0, -2.0, 2.0),
+    "n": (1, 1, 64),
+    "top_logprobs": (0, 0, 20),
+    "logprobs": (0, 0, 5),
+}
 # apply_chat_template's own arguments: chat_template_kwargs may not set them.
 TEMPLATE_ARGUMENTS = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
                       "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
@@ -117,6 +149,11 @@ def _number(body: dict, name: str, default, low, high, kind=float):
     if not low <= value <= high:
         raise ApiError(400, f"'{name}' must be between {low} and {high}, got {value}", name)
     return kind(value)
+
+
+def _bounded(body: dict, name: str):
+    default, low, high = BOUNDS[name]
+    return _number(body, name, default, low, high, int if isinstance(default, int) else float)
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -209,7 +246,7 @@ def parse_sampling(body: dict, chat: bool, max_tokens: int, vocab: int) -> Sampl
     logprobs, legacy, top = False, None, 0
     if chat:
         logprobs = _flag(body, "logprobs", False)
-        top = _number(body, "top_logprobs", 0, 0, 20, int)
+        top = _bounded(body, "top_logprobs")
         if top and not logprobs:
             raise ApiError(400, "'top_logprobs' needs logprobs: true", "top_logprobs")
         _response_format(body)
@@ -217,12 +254,12 @@ def parse_sampling(body: dict, chat: bool, max_tokens: int, vocab: int) -> Sampl
         if isinstance(body["logprobs"], bool):
             raise ApiError(400, "'logprobs' on /v1/completions is the number of top tokens to return (0 to 5)",
                            "logprobs")
-        legacy = top = _number(body, "logprobs", 0, 0, 5, int)
-    options = Options(top_p=_number(body, "top_p", 1.0, 0.0, 1.0), seed=seed, logit_bias=_logit_bias(body, vocab),
-                      presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-                      frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0), top_logprobs=top)
-    return Sampling(max_tokens=_max_tokens(body, max_tokens), temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-                    n=_number(body, "n", 1, 1, 64, int), stop=stop, stream=_flag(body, "stream", False),
+        legacy = top = _bounded(body, "logprobs")
+    options = Options(top_p=_bounded(body, "top_p"), seed=seed, logit_bias=_logit_bias(body, vocab),
+                      presence_penalty=_bounded(body, "presence_penalty"),
+                      frequency_penalty=_bounded(body, "frequency_penalty"), top_logprobs=top)
+    return Sampling(max_tokens=_max_tokens(body, max_tokens), temperature=_bounded(body, "temperature"),
+                    n=_bounded(body, "n"), stop=stop, stream=_flag(body, "stream", False),
                     options=options, logprobs=logprobs, legacy_logprobs=legacy,
                     token_ids_as_tokens=_flag(body, "return_tokens_as_token_ids", False),
                     return_token_ids=_flag(body, "return_token_ids", True), include_usage=_stream_options(body),

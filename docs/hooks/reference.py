@@ -2,7 +2,9 @@
 
 - `reference/cli.md`: every `artmlx` command and option, from the click command tree;
 - `reference/config.md`: every config field with its type, default and docstring (`artmlx/config.py`);
-- `reference/protocol.md`: every wire message and its fields' bounds (`artmlx/protocol/messages.py`).
+- `reference/protocol.md`: every wire message and its fields' bounds (`artmlx/protocol/messages.py`);
+- `reference/serve.md`: the request fields `artmlx serve` takes on each route, and those it refuses by name
+  (`artmlx/serve/params.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from mkdocs.structure.files import File
 
 def on_files(files, config):
     for name, text in (("reference/cli.md", cli_markdown()), ("reference/config.md", config_markdown()),
-                       ("reference/protocol.md", protocol_markdown())):
+                       ("reference/protocol.md", protocol_markdown()), ("reference/serve.md", serve_markdown())):
         files.append(File.generated(config, name, content=text))
     return files
 
@@ -115,3 +117,53 @@ def _rule(spec) -> str:
     if rule == "tensors":
         return "named arrays"
     return rule
+
+
+def serve_markdown() -> str:
+    import json
+
+    from artmlx.serve import params
+
+    accepted = params.CHAT_FIELDS | params.COMPLETION_FIELDS
+    if set(params.FIELD_NOTES) != accepted:  # a field added to a route without its note fails the build
+        raise ValueError(f"artmlx/serve/params.py: FIELD_NOTES and the routes' fields differ: "
+                         f"{sorted(set(params.FIELD_NOTES) ^ accepted)}")
+    lines = ["# Serve API", "",
+             "The request fields of the OpenAI-compatible routes `artmlx serve` implements, and those it refuses by "
+             "name. Generated from the tables the server checks requests against (`artmlx/serve/params.py`); "
+             "[Serving](../guides/serving.md) explains the server and what its responses carry.", "",
+             "| route | takes |", "|---|---|",
+             "| `GET /v1/models` | nothing: lists the names it answers to, `NAME` and `NAME@STEP` for each adapter "
+             "version still served |",
+             "| `POST /v1/chat/completions` | the fields marked *chat* below, streamed (`stream: true`) or not |",
+             "| `POST /v1/completions` | the fields marked *completions* below, streamed or not |", "",
+             "## Accepted fields", "",
+             "A field set to `null` counts as absent. A value outside its range is a 400 whose `param` names the "
+             "field. *Trainable* says whether a choice sampled with the field can be trained on: the learner "
+             "recomputes logprobs under the temperature alone, so a choice whose distribution `top_p`, "
+             "`logit_bias` or a penalty changed is marked `sampling_modified` and `MLXBackend` refuses it.", "",
+             "| field | chat | completions | default and range | what artmlx serve does | trainable |",
+             "|---|---|---|---|---|---|"]
+    for name, (what, trainable) in params.FIELD_NOTES.items():
+        chat = "yes" if name in params.CHAT_FIELDS else ""
+        completions = "yes" if name in params.COMPLETION_FIELDS else ""
+        bounds = ""
+        if name in params.BOUNDS:
+            default, low, high = params.BOUNDS[name]
+            bounds = f"{default}; {low} to {high}" + (" (completions)" if name == "logprobs" else "")
+        lines.append(f"| `{name}` | {chat} | {completions} | {_cell(bounds)} | {_cell(what)} | {_cell(trainable)} |")
+    lines.extend(["", "## Refused fields", "",
+                  "These get a 400 whose `param` names the field and whose message says what to send instead:", "",
+                  "| field | the error's message |", "|---|---|"])
+    for name, message in params.REFUSED.items():
+        lines.append(f"| `{name}` | {_cell(message)} |")
+    lines.extend(["", "Any other field is refused the same way, its message listing the fields the route takes. "
+                  "Within accepted fields, these values are refused:", "",
+                  "- `response_format` other than `{\"type\": \"text\"}` (JSON mode needs constrained decoding);",
+                  f"- `nvext` other than `{json.dumps({'extra_fields': sorted(params.NVEXT_EXTRA_FIELDS)})}`;",
+                  "- `stream_options` with any key but `include_usage`, or without `stream: true`;",
+                  "- `chat_template_kwargs` that set the template call's own arguments: "
+                  + ", ".join(f"`{a}`" for a in sorted(params.TEMPLATE_ARGUMENTS)) + ";",
+                  "- message content parts other than text (image, audio, file): a multimodal checkpoint's text "
+                  "tower is what runs.", ""])
+    return "\n".join(lines) + "\n"
