@@ -2,7 +2,7 @@
 # CUDA-graph cache made larger (MLX_CUDA_GRAPH_CACHE_SIZE=4000) and with CUDA graphs off (MLX_USE_CUDA_GRAPHS=0). The
 # profile of the default run (colocated_profile.sh) found the learner's update spending most of its host time in
 # MLX's CUDA-graph bookkeeping (instantiate, exec destroy) beside the actor thread, which shares the process's cache.
-#   bash benchmarks/device/colocated_cuda_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
+#   bash benchmarks/device/run.sh colocated_cuda_graphs
 source benchmarks/device/common.sh
 [ -d /tmp/q15 ] || step synth-q15 120 python3 -m artmlx model synth qwen2.5-1.5b --out /tmp/q15
 for setting in MLX_CUDA_GRAPH_CACHE_SIZE=4000 MLX_USE_CUDA_GRAPHS=0; do

@@ -1,7 +1,7 @@
 # Where the colocated learner's update goes beside its actor thread on the 1.5B pipeline workload: `artmlx run
 # --placement colocated` (4 updates) under `py-spy record --threads --native --subprocesses` (dev/probes/spy_summary.py
 # condenses it per thread).
-#   bash benchmarks/device/colocated_profile.sh (carry .gpuB .gpuC .gpuD .gpuE)
+#   bash benchmarks/device/run.sh colocated_profile
 source benchmarks/device/common.sh
 step synth-q15 120 python3 -m artmlx model synth qwen2.5-1.5b --out /tmp/q15
 step colocated-profiled 330 py-spy record -r 20 --threads --native --subprocesses -f raw -o $OUT/colocated-1.5b.raw -- \

@@ -1,7 +1,7 @@
 # Where the hybrid's (qwen3.5-0.8b) prefill goes, one part at a time (dev/probes/hybrid_probe.py: the delta rule, the
 # convolution, mlx-lm's forward, the engine's prefill), then `artmlx bench rollout`, the engine against
 # mlx_lm.batch_generate at G = 8 and 64 rows, on the sliding-window (gemma-3-1b) and MoE (gpt-oss-20b) shapes.
-#   bash benchmarks/device/rollout_families.sh (carry .gpuB .gpuC .gpuD .gpuE)
+#   bash benchmarks/device/run.sh rollout_families
 source benchmarks/device/common.sh
 probe="python3 dev/probes/hybrid_probe.py --arch qwen3.5-0.8b --rows 8 --tokens 128 --repeats 2"
 step probe-delta 60 $probe --parts delta

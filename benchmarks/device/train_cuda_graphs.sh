@@ -1,7 +1,7 @@
 # `artmlx train` on the 1.5B pipeline workload with MLX's defaults (ARTMLX_ARM=defaults only names the arm) against
 # CUDA graphs off (MLX_USE_CUDA_GRAPHS=0), 3 updates each (the first left out), one JSON line per arm: is `train`
 # itself faster without graphs (to set beside colocated_cuda_graphs.sh)?
-#   bash benchmarks/device/train_cuda_graphs.sh (carry .gpuB .gpuC .gpuD .gpuE)
+#   bash benchmarks/device/run.sh train_cuda_graphs
 source benchmarks/device/common.sh
 [ -d /tmp/q15 ] || step synth-q15 120 python3 -m artmlx model synth qwen2.5-1.5b --out /tmp/q15
 for setting in ARTMLX_ARM=defaults MLX_USE_CUDA_GRAPHS=0; do
