@@ -2,7 +2,7 @@
 # 19-word prompt, 256-token replies; benchmarks/peer_grpo.py): mlx-lm-lora's `train_grpo`, mlxrl's train loop (each
 # completion alone, and with its prefix-cached batched rollout), `artmlx train` and `artmlx run --actors 1`, one
 # after another in one invocation; at 1 group a step and at 16 (mlxrl's one-at-a-time rollout left out there: 64
-# sequential completions a step). The peers are installed without their needs (offline: from prepare_extras.sh's .gpuC).
+# sequential completions a step). The peers are installed without their needs (offline: from stage_offline.sh's .gpuC).
 #   bash benchmarks/device/run.sh peers_qwen3_0.6b
 DEVICE_PEERS="mlx-lm-lora inductive-mlxrl" source benchmarks/device/common.sh
 step synth-q3 60 python3 -m artmlx model synth qwen3-0.6b --out /tmp/q3
