@@ -26,21 +26,24 @@ def _cell(text) -> str:
 
 
 def cli_markdown() -> str:
+    import inspect
+
     import click
 
     from artmlx.cli import cli
+    from artmlx.cli_help import SECTIONS
 
-    lines = ["# Command line", "", "Generated from the code (`artmlx --help` and each command's `--help` say the same).", ""]
+    lines = ["# Command line", "",
+             "Every `artmlx` command and option, in the sections `artmlx --help` lists them in. Generated from the "
+             "code (each command's `--help` says the same; `-h` works too).", ""]
 
-    def walk(command, path):
+    def walk(command, path, level):
         ctx = click.Context(command, info_name=path[-1])
-        if path[1:]:
-            lines.extend([f"## `{' '.join(path)}`", ""])
-        lines.extend([(command.help or "").strip(), ""])
-        params = [p for p in command.get_params(ctx) if p.name not in ("help", "version")]
+        help_text = "\n".join(line for line in inspect.cleandoc(command.help or "").splitlines() if line != "\b")
+        lines.extend([f"{'#' * level} `{' '.join(path)}`", "", help_text, ""])
+        params = [p for p in command.get_params(ctx) if "--help" not in p.opts and p.name != "version"]
         usage = " ".join(command.collect_usage_pieces(ctx))
-        if path[1:]:
-            lines.extend(["```", f"{' '.join(path)} {usage}".rstrip(), "```", ""])
+        lines.extend(["```", f"{' '.join(path)} {usage}".rstrip(), "```", ""])
         if params:
             lines.extend(["| option | meaning | default |", "|---|---|---|"])
             for param in params:
@@ -58,9 +61,24 @@ def cli_markdown() -> str:
             for name in command.list_commands(ctx):
                 sub = command.get_command(ctx, name)
                 if sub is not None and not sub.hidden:
-                    walk(sub, path + [name])
+                    walk(sub, path + [name], min(level + 1, 4))
 
-    walk(cli, ["artmlx"])
+    ctx = click.Context(cli, info_name="artmlx")
+    visible = [name for name in cli.list_commands(ctx) if not cli.get_command(ctx, name).hidden]
+    placed = [name for _, rows in SECTIONS for name, _ in rows]
+    sections = [(title, [name for name, _ in rows if name in visible]) for title, rows in SECTIONS]
+    sections.append(("Other", [name for name in visible if name not in placed]))
+    lines.extend(["| section | commands |", "|---|---|"])
+    for title, names in sections:
+        if names:
+            links = ", ".join(f"[`{n}`](#artmlx-{n})" for n in names)
+            lines.append(f"| {title} | {links} |")
+    lines.append("")
+    for title, names in sections:
+        if names:
+            lines.extend([f"## {title}", ""])
+            for name in names:
+                walk(cli.get_command(ctx, name), ["artmlx", name], 3)
     return "\n".join(lines) + "\n"
 
 
@@ -135,23 +153,23 @@ def serve_markdown() -> str:
              "| route | takes |", "|---|---|",
              "| `GET /v1/models` | nothing: lists the names it answers to, `NAME` and `NAME@STEP` for each adapter "
              "version still served |",
-             "| `POST /v1/chat/completions` | the fields marked *chat* below, streamed (`stream: true`) or not |",
-             "| `POST /v1/completions` | the fields marked *completions* below, streamed or not |", "",
+             "| `POST /v1/chat/completions` | the fields whose routes say *chat*, streamed (`stream: true`) or not |",
+             "| `POST /v1/completions` | the fields whose routes say *completions*, streamed or not |", "",
              "## Accepted fields", "",
              "A field set to `null` counts as absent. A value outside its range is a 400 whose `param` names the "
              "field. *Trainable* says whether a choice sampled with the field can be trained on: the learner "
              "recomputes logprobs under the temperature alone, so a choice whose distribution `top_p`, "
              "`logit_bias` or a penalty changed is marked `sampling_modified` and `MLXBackend` refuses it.", "",
-             "| field | chat | completions | default and range | what artmlx serve does | trainable |",
-             "|---|---|---|---|---|---|"]
+             "| field | routes | default and range | what artmlx serve does | trainable |",
+             "|---|---|---|---|---|"]
     for name, (what, trainable) in params.FIELD_NOTES.items():
-        chat = "yes" if name in params.CHAT_FIELDS else ""
-        completions = "yes" if name in params.COMPLETION_FIELDS else ""
+        routes = ", ".join(route for route, fields in (("chat", params.CHAT_FIELDS),
+                                                      ("completions", params.COMPLETION_FIELDS)) if name in fields)
         bounds = ""
         if name in params.BOUNDS:
             default, low, high = params.BOUNDS[name]
-            bounds = f"{default}; {low} to {high}" + (" (completions)" if name == "logprobs" else "")
-        lines.append(f"| `{name}` | {chat} | {completions} | {_cell(bounds)} | {_cell(what)} | {_cell(trainable)} |")
+            bounds = f"{default} ({low} to {high})" + (", completions" if name == "logprobs" else "")
+        lines.append(f"| `{name}` | {routes} | {_cell(bounds)} | {_cell(what)} | {_cell(trainable)} |")
     lines.extend(["", "## Refused fields", "",
                   "These get a 400 whose `param` names the field and whose message says what to send instead:", "",
                   "| field | the error's message |", "|---|---|"])
