@@ -19,15 +19,10 @@ SECTIONS = (
         ("serve", "OpenAI-compatible server with exact token ids and logprobs."),
     )),
     ("Several machines", (
-        ("up", "Start the learner and every actor of a hosts file."),
-        ("down", "Stop them (the learner checkpoints first)."),
-        ("doctor", "Check every host and say what to fix."),
-        ("fleet-status", "The learner's state summed per host."),
-        ("logs", "The last lines of every process's log, per host."),
-        ("service", "A launchd or systemd unit that keeps an actor running."),
+        ("fleet", "doctor, up, down, logs, status, service: a fleet from a hosts file."),
         ("keygen", "Create CURVE keys for the learner and an actor."),
     )),
-    ("Processes (what run and up start)", (
+    ("Processes (what run and fleet up start)", (
         ("learner", "The learner: trains on actors' groups, sends adapters."),
         ("actor", "An actor: plays groups with the latest adapters."),
         ("status", "A running learner's state and its actors."),

@@ -2,7 +2,7 @@
 
     sudo python benchmarks/fleet_run.py [--seconds 60] [--json FILE]
 
-Everything goes through `artmlx doctor/up/down` with the remote prefix `ip netns exec {ssh} sh -c
+Everything goes through `artmlx fleet doctor/up/down` with the remote prefix `ip netns exec {ssh} sh -c
 {command}` and CURVE keys, over veth links and a bridge (tests/deploy/netns.py). Measured:
 - doctor's table for a host whose cached model differs from the learner's and one that cannot reach it;
 - per-host generated tokens/s and trained groups/s with 1 actor host, then with 3 (same run length);

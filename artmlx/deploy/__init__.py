@@ -1,1 +1,1 @@
-"""Several hosts: the hosts file, remote commands, `artmlx doctor`, `artmlx up/down/logs`, service files."""
+"""Several hosts: the hosts file, remote commands, `artmlx fleet doctor`, `artmlx fleet up/down/logs`, service files."""

@@ -1,7 +1,11 @@
-"""`artmlx doctor | up | down | logs | service HOSTS`: a fleet from a hosts file (deploy/hosts.py)."""
+"""`artmlx fleet doctor | up | down | logs | status | service HOSTS`: a fleet from a hosts file (deploy/hosts.py).
+
+The first spellings (`artmlx doctor`, `up`, `down`, `logs`, `fleet-status`, `service`) keep working as hidden
+aliases of the same commands."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -48,7 +52,25 @@ def _train_args(model, env, steps, seed, settings) -> list[str]:
     return args
 
 
+# the fleet's commands under their first, top-level names (hidden aliases)
+TOP_LEVEL_ALIASES = {"doctor": "doctor", "up": "up", "down": "down", "logs": "logs", "status": "fleet-status",
+                     "service": "service"}
+
+
+@click.group(name="fleet")
+def fleet_group() -> None:
+    """Several machines from a hosts file: check, start, watch and stop the learner and its actors."""
+
+
 def register(cli: click.Group) -> None:
+    cli.add_command(fleet_group)
+    for name, alias in TOP_LEVEL_ALIASES.items():
+        command = copy.copy(fleet_group.commands[name])
+        command.hidden = True
+        cli.add_command(command, name=alias)
+
+
+def _define(cli: click.Group) -> None:
     hosts_argument = click.argument("hosts", type=click.Path(dir_okay=False))
     remote_option = click.option("--remote", default="", help=REMOTE_HELP)
 
@@ -115,7 +137,7 @@ def register(cli: click.Group) -> None:
             click.echo(f"##### {result.host}" + ("" if result.ok else " (FAILED)"))
             click.echo(result.detail)
 
-    @cli.command(name="fleet-status")
+    @cli.command(name="status")
     @hosts_argument
     @remote_option
     def fleet_status(hosts, remote):
@@ -144,3 +166,6 @@ def register(cli: click.Group) -> None:
             raise click.ClickException(str(error))
         click.echo((launchd_plist if kind == "launchd" else systemd_unit)(fleet, host, index), nl=False)
         click.echo(f"# {install_hint(kind, host, index)}", err=True)
+
+
+_define(fleet_group)

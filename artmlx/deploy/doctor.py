@@ -1,10 +1,10 @@
-"""`artmlx doctor HOSTS`: what is wrong on each host of a fleet, and how to fix it.
+"""`artmlx fleet doctor HOSTS`: what is wrong on each host of a fleet, and how to fix it.
 
 Per host, in parallel: ssh in batch mode (no prompt); the Python there has artmlx, with the same
 Python (major.minor), mlx, mlx-lm and artmlx versions as the learner's host; the model is in its
 local cache (never downloaded) with the learner's fingerprint; enough free memory for its processes;
-keys present and private (after `artmlx up`); and a real TCP connect from each actor host to the
-learner's address, made by a process started the way `artmlx up` starts actors. When no learner runs,
+keys present and private (after `artmlx fleet up`); and a real TCP connect from each actor host to the
+learner's address, made by a process started the way `artmlx fleet up` starts actors. When no learner runs,
 the doctor holds the learner's port open for the test (`probe listen`). A learner of several ranks (several
 learner hosts) is checked the same way on its ring: each learner host holds its `ring_port` open and connects
 to its neighbours' (`ring`), apart from the actors' link to rank 0 (`connect`), so a broken ring link is
@@ -173,10 +173,10 @@ def _judge(host: Host, fleet: Fleet, facts: dict, reference: dict | None, model:
     elif keys.get("exposed"):
         out.append(Finding(host.ssh, "keys", False, f"readable by others: {', '.join(keys['exposed'])}",
                            f"chmod 600 {keys['folder']}/*.key_secret, and consider them exposed: remove the "
-                           "keys folder here and run `artmlx up` again"))
+                           "keys folder here and run `artmlx fleet up` again"))
     elif keys.get("missing"):
         out.append(Finding(host.ssh, "keys", None, f"none yet ({', '.join(keys['missing'])})",
-                           "`artmlx up` makes and copies them"))
+                           "`artmlx fleet up` makes and copies them"))
     else:
         out.append(Finding(host.ssh, "keys", True, f"present and private in {keys.get('folder')}"))
     if "connect" in facts:
@@ -227,7 +227,7 @@ def _judge_connect(host: Host, fleet: Fleet, connect: dict) -> Finding:
                        f"python ({host.python}); run the actor from a Terminal session once to get the prompt")
     code = connect.get("errno")
     if code == errno.ECONNREFUSED:
-        fix = (f"nothing listens on {target}: start the learner (artmlx up), check artmlx.port, and on a Mac "
+        fix = (f"nothing listens on {target}: start the learner (artmlx fleet up), check artmlx.port, and on a Mac "
                "learner allow incoming connections for python (System Settings > Network > Firewall)")
     elif code in (errno.EHOSTUNREACH, errno.ENETUNREACH, None) or "timed out" in str(connect.get("error")):
         fix = (f"no path from {host.ssh} to {target}: same network? is {target.rsplit(':', 1)[0]} the learner's "

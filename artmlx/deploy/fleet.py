@@ -1,4 +1,4 @@
-"""`artmlx up`, `down`, `logs` and per-host status: the learner and actors of a hosts file, over ssh.
+"""`artmlx fleet up`, `down`, `logs` and per-host status: the learner and actors of a hosts file, over ssh.
 
 up:   CURVE keys are made here (KEYS_DIR: the learner's pair, one pair per actor host, a `status` pair
       for queries) and copied to each host's `WORKDIR/keys` (secrets 0600, written under umask 077);
@@ -47,7 +47,8 @@ def actor_command(fleet: Fleet, host: Host, index: int) -> str:
 def _start(process: str, command: str) -> str:
     """Start `command` detached, its pid in PROCESS.pid and output in PROCESS.log; refuse if one runs."""
     return (f"if [ -f {process}.pid ] && kill -0 \"$(cat {process}.pid)\" 2>/dev/null; then "
-            f"echo '{process} is already running (pid '\"$(cat {process}.pid)\"'): artmlx down first' >&2; exit 3; fi; "
+            f"echo '{process} is already running (pid '\"$(cat {process}.pid)\"'): artmlx fleet down first' >&2; "
+            "exit 3; fi; "
             f"nohup {command} > {process}.log 2>&1 < /dev/null & echo $! > {process}.pid")
 
 
@@ -152,7 +153,7 @@ class FleetControl:
             time.sleep(2.0)
         missing = sorted(expected - {a["name"] for a in ((self.status() or {}).get("actors", []))})
         return [HostResult(name.rsplit("-", 1)[0], False, f"actor {name} did not join within {wait_s:.0f} s "
-                           "(artmlx logs HOSTS shows why)") for name in missing]
+                           "(artmlx fleet logs HOSTS shows why)") for name in missing]
 
     def follow(self, every_s: float = 15.0, say=print) -> None:
         """Print the per-host table every `every_s` until the learner is gone."""

@@ -1,4 +1,4 @@
-"""What `artmlx doctor` asks each host, run there: `python -m artmlx.deploy.probe facts|listen ...`.
+"""What `artmlx fleet doctor` asks each host, run there: `python -m artmlx.deploy.probe facts|listen ...`.
 
 `facts` prints one JSON object: Python, mlx, mlx-lm and artmlx versions, memory, the model (found in
 the local cache only, never downloaded) and its fingerprint, the keys and their permissions, and a

@@ -1,13 +1,13 @@
 """Service files for permanent actors: a launchd LaunchAgent (macOS) and a systemd user unit (Linux).
 
 Both run `artmlx actor` for one host of a hosts file, with the learner's address, that host's keys
-(copied there by `artmlx up`), its workdir and environment, and restart it when it exits (an actor
+(copied there by `artmlx fleet up`), its workdir and environment, and restart it when it exits (an actor
 waits for a silent or absent learner by itself, so a permanent actor simply outlives runs).
 
 macOS: a LaunchAgent runs outside a terminal session, so macOS 15+ Local Network Privacy applies to
 it: the first LAN connection needs the user's permission for that Python, granted in a prompt or in
 System Settings > Privacy & Security > Local Network. Load it from the logged-in user's session
-(`launchctl bootstrap gui/$(id -u) FILE`); `artmlx doctor` reports the block as "No route to host".
+(`launchctl bootstrap gui/$(id -u) FILE`); `artmlx fleet doctor` reports the block as "No route to host".
 """
 
 from __future__ import annotations

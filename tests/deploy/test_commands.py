@@ -71,6 +71,22 @@ def test_up_and_down_dry_runs_print_every_command_and_run_none(tmp_path):
     assert down.exit_code == 0 and "kill -TERM" in down.output
 
 
+def test_fleet_commands_live_under_fleet_and_their_first_names_stay_as_hidden_aliases(tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(__import__("json").dumps(ENTRIES))
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["fleet", "--help"]).output
+    assert all(f"  {name} " in listed for name in ("doctor", "up", "down", "logs", "status", "service"))
+    top = runner.invoke(cli, ["--help"]).output
+    assert "  fleet " in top and not any(f"  {name} " in top for name in ("up", "down", "doctor", "fleet-status"))
+    for new, old in ((["fleet", "down"], ["down"]), (["fleet", "status"], ["fleet-status"])):
+        assert runner.invoke(cli, [*new, "--help"]).output.split("\n", 1)[1] == \
+            runner.invoke(cli, [*old, "--help"]).output.split("\n", 1)[1]
+    same = [runner.invoke(cli, [*command, str(hosts), "--dry-run"]) for command in (["fleet", "down"], ["down"])]
+    assert all(result.exit_code == 0 for result in same) and same[0].output == same[1].output
+    assert "kill -TERM" in same[0].output
+
+
 def test_service_files_run_the_actor_and_restart_it(tmp_path):
     fleet = parse_hosts(ENTRIES)
     agent = plistlib.loads(launchd_plist(fleet, fleet.actors[0], 1).encode())

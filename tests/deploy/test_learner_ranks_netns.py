@@ -1,5 +1,5 @@
 """A learner of two ranks on two hosts (network namespaces): the doctor checks the ring apart from the actors' link,
-and `artmlx up` trains with both ranks over it."""
+and `artmlx fleet up` trains with both ranks over it."""
 
 import json
 import sys
