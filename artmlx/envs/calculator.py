@@ -113,6 +113,11 @@ def make_task(seed: int, task: str) -> tuple[str, int]:
     return f"What is {' + '.join(map(str, numbers))}?", sum(numbers)
 
 
+def expression_of(question: str) -> str:
+    """The calculator expression a question of `make_task` asks for ("What is 37 × 48?" -> "37 * 48")."""
+    return question.removeprefix("What is ").rstrip("?").replace("×", "*")
+
+
 def grade_episode(final_text: str, answer: int, called: bool, tool_reward: float, format_reward: float):
     """(outcome, reward) of an episode's last reply (see the module docstring)."""
     value = final_number(final_text)
@@ -148,7 +153,7 @@ class Calculator:
 
     def reset(self, seed: int) -> list[dict]:
         question, self.answer = make_task(seed, self.task)
-        self.expression = question.removeprefix("What is ").rstrip("?").replace("×", "*")
+        self.expression = expression_of(question)
         self.calls = self.errors = 0
         self.last_error = ""
         return [{"role": "system", "content": self.system}, *self.demonstrations(seed),
@@ -159,7 +164,7 @@ class Calculator:
         turns = []
         for shot in range(self.shots):
             question, answer = make_task(-(seed * MAX_SHOTS + shot + 1), self.task)
-            expression = question.removeprefix("What is ").rstrip("?").replace("×", "*")
+            expression = expression_of(question)
             turns += [{"role": "user", "content": question},
                       {"role": "assistant", "content": call_text(expression)},
                       {"role": self.result_role, "content": calculate(expression)},
