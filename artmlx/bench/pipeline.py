@@ -40,7 +40,10 @@ def _launch(args: list[str], log: Path, env: dict | None = None) -> float:
         code = subprocess.run([sys.executable, "-m", "artmlx", *args], stdout=handle, stderr=subprocess.STDOUT,
                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, check=False).returncode
     if code != 0:
-        raise RuntimeError(f"artmlx {' '.join(args)} failed with exit status {code}; its output is in {log}")
+        # The log may live in a scratch folder that is gone by the time anyone reads the error: quote its end.
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
+        raise RuntimeError(f"artmlx {' '.join(args)} failed with exit status {code}; its output is in {log}, "
+                           f"ending:\n{tail}")
     return time.perf_counter() - started
 
 
