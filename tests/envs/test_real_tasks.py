@@ -1,5 +1,6 @@
 """The real-model tasks: answers read from words, rewards as documented, problems generated from seeds."""
 
+import operator
 import random
 
 import pytest
@@ -79,6 +80,39 @@ def test_word_problems_steps_choose_templates_and_bad_settings_are_refused():
     env.reset(7)
     result = env.step(f"The answer is {env.answer}.")
     assert result.reward == 1.0 and result.info["kind"] == env.kind
+
+
+def test_word_problem_calculations_are_right_step_by_step_and_end_in_the_answer():
+    env = WordProblems(steps="123", max_number=20)
+    for seed in range(600):
+        _, answer, kind = env.problem(seed)
+        calculation = env.calculation(seed)
+        assert final_number(calculation) == answer, (seed, kind, calculation)
+        for step in calculation.split(", "):
+            left, right = step.split(" = ")
+            a, op, b = left.split(" ")
+            operation = {"+": operator.add, "-": operator.sub, "x": operator.mul, "/": operator.truediv}[op]
+            assert operation(int(a), int(b)) == int(right), (seed, step)
+
+
+def test_word_problem_shots_are_solved_problems_the_environment_itself_pays_in_full():
+    env = WordProblems(shots=2)
+    messages = env.reset(7)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert all(m["content"].endswith("Write the calculation, ending with the answer.") for m in messages[::2])
+    assert WordProblems(shots=2).reset(7) == messages  # a seed gives the same prompt every time
+    assert WordProblems(shots=2).reset(8)[0] != messages[0]  # and another seed other demonstrations
+    assert messages[-1]["content"] == env.problem(7)[0]  # the question itself is the seed's, as without shots
+    for question, solved in zip(messages[0:4:2], messages[1:4:2]):
+        judge = WordProblems(shots=0, instruction="Write the calculation, ending with the answer.")
+        seed = next(s for s in range(-40, 0) if judge.problem(s)[0] == question["content"])
+        judge.reset(seed)
+        assert judge.step(solved["content"]).reward == 1.0  # each demonstration is a right answer
+    assert WordProblems().reset(7)[-1]["content"].endswith("Answer with just the number.")
+    assert WordProblems(shots=1, instruction="Go.").reset(7)[0]["content"].endswith("Go.")
+    for bad in (-1, 5, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="word_problems shots must be an integer from 0 to 4"):
+            WordProblems(shots=bad)
 
 
 def test_calculator_evaluates_arithmetic_only_and_never_raises():
