@@ -106,6 +106,10 @@ class TrainConfig:
     hint_baseline: str = "none"
     """`none`: a hinted token's teacher advantage as OpenClaw-RL has it; `episode`: minus its mean over the
     episode's sampled tokens, so a hint that lowers (or raises) every token alike moves none of them."""
+    hint_topk: int = 0
+    """0: a hinted token learns from its teacher advantage (above). K > 0: instead, the reverse KL from the policy
+    to the teacher over the teacher's K likeliest tokens and the rest of the vocabulary as one bin (OpenClaw-RL's
+    top-K variant, after SDFT/SDPO), weighted by `hint_weight`; at most 256."""
     reward_weight: float = 1.0
     """Weight of GRPO's reward advantage beside the hint's; 1 with no hints leaves GRPO as it is."""
     minibatches: int = 1
@@ -194,7 +198,8 @@ POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_rep
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
-                "eval_every", "lora_dropout", "hint_weight", "reward_weight")
+                "eval_every", "lora_dropout", "hint_weight", "reward_weight", "hint_topk")
+MAX_HINT_TOPK = 256  # the teacher's top-K ids and logprobs travel with every policy token of a micro-batch
 
 
 def _type_ok(value: Any, annotation: str) -> bool:
@@ -227,6 +232,11 @@ def validate(config: TrainConfig) -> TrainConfig:
     if config.min_group_size and not 2 <= config.min_group_size <= config.group_size:
         raise ValueError(f"config field 'min_group_size' must be 0 or in [2, group_size={config.group_size}], "
                          f"got {config.min_group_size}")
+    if config.hint_topk > MAX_HINT_TOPK:
+        raise ValueError(f"config field 'hint_topk' must be at most {MAX_HINT_TOPK}, got {config.hint_topk}")
+    if config.hint_topk and config.hint_baseline != "none":
+        raise ValueError("hint_baseline = \"episode\" centres the token-level teacher advantage, which hint_topk > 0 "
+                         "replaces by a top-K reverse KL: use one of them")
     if config.eps_low >= 1:
         raise ValueError(f"config field 'eps_low' must be < 1, got {config.eps_low}")
     if not 0 <= config.lora_dropout < 1:

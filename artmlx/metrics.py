@@ -172,7 +172,9 @@ def format_row(row: dict) -> str:
             f"ratio {row['ratio_mean']:.4f}  clip {row['clip_frac']:.3f}  ")
     if "hinted_token_frac" in row:  # directive hints: hinted share, teacher-student log-ratio, each term's weight
         text += (f"hints {row['hinted_token_frac']:.2f} (logratio {row['hint_logratio_mean']:+.2f}, |A| reward "
-                 f"{row['advantage_reward_abs']:.2f} hint {row['advantage_hint_abs']:.2f}, teacher "
+                 f"{row['advantage_reward_abs']:.2f} "
+                 + (f"top-K KL {row['hint_topk_kl']:.3f}" if "hint_topk_kl" in row else f"hint {row['advantage_hint_abs']:.2f}")
+                 + ", teacher "
                  f"{row.get('teacher_seconds', 0.0):.1f}s)  ")
     if "gen_seconds" in row:
         text += f"gen {row['gen_seconds']:.1f}s "

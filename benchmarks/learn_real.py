@@ -12,6 +12,8 @@ reply length, learning rate, temperature 1, the task's reward and seeds):
 - `train-hints`: the same with the task's directive hints on (`env_args` `hints = true`, docs/hints.md),
   the frozen base as teacher; `train-hints-policy`: the current policy as teacher (`hint_teacher = "policy"`);
   `train-hints-centred`: the base teacher with the hint term centred per episode (`hint_baseline = "episode"`);
+  `train-hints-topk` / `train-hints-topk-policy`: the top-K reverse KL instead of the token advantage
+  (`hint_topk = 50`), base or policy teacher;
 - `run`: `artmlx run --config RECIPE --steps N` (a learner and 2 actor processes, evaluating in the learner);
 - `peer`: `benchmarks/peer_learn.py` (mlx-lm-lora's `train_grpo` for `--minutes` of training time, adapters
   saved every `--peer-eval-every-s` and scored afterwards by artmlx's evaluator on the same held-out seeds;
@@ -44,6 +46,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
+# The hinted arms: `artmlx train` with the task's hints on and these settings beside (docs/hints.md).
+HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"},
+             "train-hints-centred": {"hint_baseline": "episode"}, "train-hints-topk": {"hint_topk": 50},
+             "train-hints-topk-policy": {"hint_topk": 50, "hint_teacher": "policy"}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]
@@ -84,6 +91,15 @@ def git_commit() -> str | None:
 
 def first_reaching(points: list[dict], score: float) -> float | None:
     return next((p["train_seconds"] for p in points if p["eval_score"] >= score), None)
+
+
+def first_holding(points: list[dict], score: float, window: int = 3) -> float | None:
+    """The training time of the last of the first `window` consecutive evaluations whose mean reaches `score`:
+    one evaluation of 200 questions moves by about +-0.065 (95 %), a mean of three by about +-0.04."""
+    for i in range(len(points) - window + 1):
+        if sum(p["eval_score"] for p in points[i:i + window]) / window >= score:
+            return points[i + window - 1]["train_seconds"]
+    return None
 
 
 def score_at(points: list[dict], seconds: float) -> float | None:
@@ -155,10 +171,9 @@ def main() -> None:
         return
     reused = dict(item.split("=", 1) for item in args.reuse)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = sorted(set(arms) - {"train", "train-hints", "train-hints-policy", "train-hints-centred", "run", "peer"})
+    unknown = sorted(set(arms) - {"train", *HINT_ARMS, "run", "peer"})
     if unknown:
-        parser.error(f"unknown arm(s) {unknown}: arms are train, train-hints, train-hints-policy, train-hints-centred, "
-                     "run, peer")
+        parser.error(f"unknown arm(s) {unknown}: arms are train, {', '.join(HINT_ARMS)}, run, peer")
     recipe_file = resolve_config_path(args.recipe)
     recipe = tomllib.loads(recipe_file.read_text())
     out = Path(args.out).resolve()
@@ -178,11 +193,11 @@ def main() -> None:
         folder = folders[arm] = Path(reused.get(arm, out / arm)).resolve()
         if arm in reused:
             if arm == "peer":
-                raise SystemExit("--reuse takes artmlx arms (train, train-hints, train-hints-policy, train-hints-centred, run)")
+                raise SystemExit(f"--reuse takes artmlx arms (train, {', '.join(HINT_ARMS)}, run)")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"reused": str(folder), "points": points, **flat}
             print(f"{arm}: reused {folder}", flush=True)
-        elif arm in ("train", "train-hints", "train-hints-policy", "train-hints-centred", "run"):
+        elif arm in ("train", *HINT_ARMS, "run"):
             steps = args.run_steps if arm == "run" else args.train_steps
             command = [*artmlx_command(), arm.split("-")[0], "--config", str(recipe_file), "--steps", str(steps),
                        "--out", str(folder)]
@@ -193,10 +208,8 @@ def main() -> None:
             if arm.startswith("train-hints"):
                 env_args = {**recipe.get("env_args", {}), "hints": True}
                 command += ["--set", "env_args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}"]
-            if arm == "train-hints-policy":
-                command += ["--set", "hint_teacher=policy"]
-            if arm == "train-hints-centred":
-                command += ["--set", "hint_baseline=episode"]
+            for field, value in HINT_ARMS.get(arm, {}).items():
+                command += ["--set", f"{field}={json.dumps(value)}"]
             wall = run_logged(command, out / f"{arm}.log")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat,
@@ -241,13 +254,20 @@ def main() -> None:
             reached = first_reaching(points, peer_final["eval_score"])
             result["seconds_to_peer_final"] = reached
             result["time_to_peer_final_ratio"] = None if reached is None else reached / peer_final["train_seconds"]
+            # steadier: the peer's last three evaluations' mean, reached by a mean of three consecutive ones
+            peer_points = report["arms"]["peer"]["points"]
+            peer_mean = sum(p["eval_score"] for p in peer_points[-3:]) / len(peer_points[-3:])
+            held = first_holding(points, peer_mean)
+            result["peer_last3_mean"] = peer_mean
+            result["seconds_to_peer_last3_mean_held"] = held
+            result["time_to_peer_last3_mean_held_ratio"] = None if held is None else held / peer_final["train_seconds"]
         print(f"{arm:6s} score at {args.minutes:g} min {result['score_at_minutes']}  "
               f"target {args.target} at {result['seconds_to_target']} s"
               + (f"  peer's final {peer_final['eval_score']:.3f} at {result.get('seconds_to_peer_final')} s "
                  f"(ratio {result.get('time_to_peer_final_ratio')})" if peer_final and arm != "peer" else ""),
               flush=True)
 
-    for hinted_arm in ("train-hints", "train-hints-policy", "train-hints-centred"):
+    for hinted_arm in HINT_ARMS:
         if "train" not in report["arms"] or hinted_arm not in report["arms"]:
             continue
         plain, hinted = report["arms"]["train"]["points"], report["arms"][hinted_arm]["points"]
@@ -272,7 +292,9 @@ def main() -> None:
 
 NAMES = {"train": "`artmlx train`", "train-hints": "`artmlx train`, hints (base teacher)",
          "train-hints-centred": "`artmlx train`, hints centred (base teacher)",
-         "train-hints-policy": "`artmlx train`, hints (policy teacher)", "run": "`artmlx run` (2 actors)",
+         "train-hints-policy": "`artmlx train`, hints (policy teacher)",
+         "train-hints-topk": "`artmlx train`, hints top-50 KL (base teacher)",
+         "train-hints-topk-policy": "`artmlx train`, hints top-50 KL (policy teacher)", "run": "`artmlx run` (2 actors)",
          "peer": "mlx-lm-lora `train_grpo`"}
 
 
@@ -301,7 +323,12 @@ def summarize(report: dict) -> str:
                 ratio = result.get("time_to_peer_final_ratio")
                 lines.append(f"- {NAMES.get(arm, arm)} reached it in {seconds(result['seconds_to_peer_final'])}"
                              + (f": **{ratio:.2f}x** mlx-lm-lora's time." if ratio is not None else "."))
-    for key in ("train-hints_vs_plain", "train-hints-policy_vs_plain", "train-hints-centred_vs_plain"):
+                if "peer_last3_mean" in result:
+                    held = result.get("time_to_peer_last3_mean_held_ratio")
+                    lines.append(f"  Three consecutive evaluations averaged mlx-lm-lora's last three "
+                                 f"({result['peer_last3_mean']:.3f}) by {seconds(result['seconds_to_peer_last3_mean_held'])}"
+                                 + (f": {held:.2f}x its time." if held is not None else "."))
+    for key in (f"{arm}_vs_plain" for arm in HINT_ARMS):
         if key in report:
             c = report[key]
             lines += ["", f"{key}: plain GRPO's best {c['plain_best_score']:.3f} at update {c['plain_updates_to_best']}; "
@@ -317,9 +344,8 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    names = {"train": "artmlx train", "train-hints": "artmlx train, hints (base teacher)",
-             "train-hints-policy": "artmlx train, hints (policy teacher)",
-             "train-hints-centred": "artmlx train, hints centred (base teacher)", "run": "artmlx run (2 actors)", "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
+    names = {**{arm: name.replace("`", "") for arm, name in NAMES.items()},
+             "peer": f"mlx-lm-lora {report.get('mlx_lm_lora', '')} GRPO"}
     for arm, result in report["arms"].items():
         points = result["points"]
         xs = [p["train_seconds"] / 60 for p in points]

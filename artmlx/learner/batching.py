@@ -105,6 +105,11 @@ class MicroBatch:
     policy_positions: mx.array  # (n,) flat indices into B x T of the policy targets (padded with 0 to pad_multiple)
     gather_back: mx.array  # (B x T,) index into the n policy logprobs, n (a zero) elsewhere
     episodes: list[int]
+    # hint_topk > 0 (`distill.topk_reverse_kl`): per policy position, in `policy_positions`' order, a hinted
+    # teacher's K likeliest ids (n, K) and their logprobs (n, K), and 1 where the position's episode had a hint (n,)
+    topk_ids: mx.array | None = None
+    topk_teacher: mx.array | None = None
+    topk_mask: mx.array | None = None
 
     @property
     def tokens(self) -> int:
@@ -118,11 +123,14 @@ class MicroBatch:
 
 
 def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list[Unit],
-                    pad_multiple: int = 1, token_advantages: dict[int, np.ndarray] | None = None) -> MicroBatch:
+                    pad_multiple: int = 1, token_advantages: dict[int, np.ndarray] | None = None,
+                    topk: int = 0, teacher_topk: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> MicroBatch:
     """Shift each transcript into (input, target) pairs after its unit's prefix and right-pad them.
 
     `advantages` holds one per episode; `token_advantages` (episode index -> one per token of the episode,
-    `distill.token_advantages`) replaces it token by token for the episodes it names."""
+    `distill.token_advantages`) replaces it token by token for the episodes it names. With `topk` > 0 the
+    batch carries `teacher_topk`'s (episode index -> ids and logprobs (sampled tokens, topk), in order) at
+    its policy positions, zeros with mask 0 for episodes it does not name."""
     token_advantages = token_advantages or {}
     rows = [(u, i) for u, unit in enumerate(units) for i in unit.episodes]
     width = padded_length(max(unit.width for unit in units), pad_multiple)
@@ -158,7 +166,10 @@ def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list
     padded[:count] = flat
     gather_back = np.full(mask.size, len(padded), np.int32)
     gather_back[flat] = np.arange(count, dtype=np.int32)
-    return MicroBatch(
+    topk_arrays = {}
+    if topk:
+        topk_arrays = _topk_at_policy(episodes, units, rows, mask, topk, teacher_topk or {}, len(padded))
+    return MicroBatch(**topk_arrays,
         prefix_inputs=None if prefix_inputs is None else mx.array(prefix_inputs),
         prefix_lengths=mx.array(prefix_lengths),
         row_prefix=mx.array(row_prefix),
@@ -171,3 +182,23 @@ def make_microbatch(episodes: list[Episode], advantages: np.ndarray, units: list
         gather_back=mx.array(gather_back),
         episodes=[i for _, i in rows],
     )
+
+
+def _topk_at_policy(episodes, units, rows, mask, topk, teacher_topk, padded) -> dict:
+    """The teacher's top-K ids, logprobs and a hinted-mask at the batch's policy positions (row-major, as
+    `policy_positions`), padded to `padded` rows."""
+    ids, values, hinted = np.zeros((padded, topk), np.int32), np.zeros((padded, topk), np.float32), np.zeros(padded, np.float32)
+    at = 0
+    for row, (u, i) in enumerate(rows):
+        here = int((mask[row] > 0).sum())
+        if i in teacher_topk:
+            start = max(units[u].prefix - 1, 0)
+            before = int(np.asarray(episodes[i].policy_mask[: start + 1], bool).sum())  # sampled inside the prefix
+            episode_ids, episode_values = teacher_topk[i]
+            if len(episode_ids) != before + here or episode_ids.shape[1] != topk:
+                raise ValueError(f"teacher top-{topk} of shape {episode_ids.shape} for an episode with "
+                                 f"{before + here} sampled tokens")
+            ids[at:at + here], values[at:at + here] = episode_ids[before:], episode_values[before:]
+            hinted[at:at + here] = 1.0
+        at += here
+    return {"topk_ids": mx.array(ids), "topk_teacher": mx.array(values), "topk_mask": mx.array(hinted)}

@@ -31,11 +31,26 @@ artmlx's choices, where the paper leaves room:
   OpenClaw-RL): a small teacher that reads a hint often lowers every sampled token a little (SmolLM2-135M:
   mean -0.12 to -0.29 nats), which the plain form turns into a push down on every token; centred, only the
   tokens the hint singles out move.
+
+The top-K variant (`hint_topk = K`, OpenClaw-RL's `openclaw-opd/topk_distillation_loss.py`, after SDFT and
+SDPO) compares whole distributions instead of the one sampled token: at each sampled position the teacher's K
+likeliest tokens (their ids and logprobs, from the same teacher pass) and one more bin for the rest of the
+vocabulary; the policy's logprobs of those K ids, with gradient, and its own rest. The loss added at the token is
+the reverse KL over the K + 1 bins
+
+    KL(pi_theta || pi_teacher) = sum_k p_k (log p_k - log q_k),   log p_rest = log(1 - sum_k p_k)
+
+(p the policy's, q the teacher's), times `hint_weight`, in place of the token-level advantage; GRPO's episode
+advantage stays. It pulls the policy toward everything the hinted teacher would say at that point, not only up or
+down on the token it happened to sample.
 """
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
+
+TAIL_CLAMP = -1e-7  # log of the top-K mass is kept below 0, so that the rest's log(1 - mass) stays finite
 
 def token_advantages(episode_advantage: float, policy_mask: np.ndarray, behaviour: np.ndarray,
                      teacher: np.ndarray | None, reward_weight: float = 1.0,
@@ -58,3 +73,19 @@ def token_advantages(episode_advantage: float, policy_mask: np.ndarray, behaviou
             gap = gap - gap.mean()
         out[mask] += np.float32(hint_weight) * gap
     return out
+
+
+def tail_logprob(topk_logprobs: mx.array) -> mx.array:
+    """log(1 - sum_k exp(l_k)) over the last axis, the mass outside the K tokens (clamped finite)."""
+    mass = mx.minimum(mx.logsumexp(topk_logprobs, axis=-1, keepdims=True), TAIL_CLAMP)
+    return mx.log(-mx.expm1(mass))
+
+
+def topk_reverse_kl(student: mx.array, teacher: mx.array) -> mx.array:
+    """KL(student || teacher) over K + 1 bins per position: the K given tokens and the rest.
+
+    `student`, `teacher`: (..., K) logprobs of the same K token ids (the teacher's top K) under each model.
+    Returns (...). Differentiable in `student`; the teacher is a constant."""
+    student = mx.concatenate([student, tail_logprob(student)], axis=-1)
+    teacher = mx.stop_gradient(mx.concatenate([teacher, tail_logprob(teacher)], axis=-1))
+    return (mx.exp(student) * (student - teacher)).sum(axis=-1)

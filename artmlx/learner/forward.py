@@ -166,20 +166,54 @@ def hidden_states(parts: ModelParts, prefix_inputs: mx.array, prefix_lengths: mx
 
 def policy_logprobs(parts: ModelParts, temperature: float,
                     prefix_inputs, prefix_lengths, row_prefix, inputs, targets, policy_positions,
-                    gather_back) -> mx.array:
-    """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere."""
+                    gather_back, extra_targets: mx.array | None = None):
+    """Logprobs (B, T) of the targets under the current policy at policy positions, 0 elsewhere.
+
+    With `extra_targets` (n, K): token ids per policy position (in `policy_positions`' order), also their
+    logprobs (n, K) from the same head pass: returns (logprobs, extra logprobs)."""
     hidden = hidden_states(parts, prefix_inputs, prefix_lengths, row_prefix, inputs)
     batch, length = inputs.shape
     picked_targets = targets.reshape(-1)[policy_positions]
     at_policy = hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]
+    if extra_targets is not None:
+        picked_targets = mx.concatenate([picked_targets[:, None], extra_targets.astype(picked_targets.dtype)], axis=1)
     if parts.split:
         chosen = chunked_logprobs(parts.head, at_policy, picked_targets, temperature, head_chunk_rows(parts.vocab_size))
     else:  # an unlisted model family: the trunk already made full logits (the head is the identity)
         logits = at_policy.astype(mx.float32)
         if temperature not in (0, 1):
             logits = logits / temperature
-        picked = mx.take_along_axis(logits, picked_targets[:, None], axis=-1)[:, 0]
-        chosen = picked - mx.logsumexp(logits, axis=-1)
+        many = picked_targets if picked_targets.ndim == 2 else picked_targets[:, None]
+        chosen = mx.take_along_axis(logits, many, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen = chosen if picked_targets.ndim == 2 else chosen[:, 0]
+    extra = None
+    if extra_targets is not None:
+        chosen, extra = chosen[:, 0], chosen[:, 1:]
     chosen = mx.concatenate([chosen, mx.zeros((1,), chosen.dtype)])
-    return chosen[gather_back].reshape(batch, length)
+    logp = chosen[gather_back].reshape(batch, length)
+    return logp if extra is None else (logp, extra)
 
+
+def teacher_topk(parts: ModelParts, temperature: float, k: int,
+                 prefix_inputs, prefix_lengths, row_prefix, inputs, targets, policy_positions, gather_back):
+    """A teacher's view of the policy positions, without gradient: the logprobs (B, T) of the targets (0 off
+    policy), and its k likeliest token ids (n, k) with their logprobs (n, k), in `policy_positions`' order."""
+    hidden = hidden_states(parts, prefix_inputs, prefix_lengths, row_prefix, inputs)
+    batch, length = inputs.shape
+    picked_targets = targets.reshape(-1)[policy_positions]
+    at_policy = hidden.reshape(batch * length, hidden.shape[-1])[policy_positions]
+    rows = head_chunk_rows(parts.vocab_size) if parts.split else max(1, at_policy.shape[0])
+    chosen, ids, values = [], [], []
+    for start in range(0, at_policy.shape[0], rows):
+        part = at_policy[start:start + rows]
+        logits = (parts.head(part) if parts.split else part).astype(mx.float32)
+        if temperature not in (0, 1):
+            logits = logits / temperature
+        logits = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.argpartition(-logits, k - 1, axis=-1)[:, :k]
+        chosen.append(mx.take_along_axis(logits, picked_targets[start:start + rows, None], axis=-1)[:, 0])
+        ids.append(top.astype(mx.int32))
+        values.append(mx.take_along_axis(logits, top, axis=-1))
+        mx.eval(chosen[-1], ids[-1], values[-1])  # one chunk's logits alive at a time
+    flat = mx.concatenate([*chosen, mx.zeros((1,), mx.float32)])
+    return flat[gather_back].reshape(batch, length), mx.concatenate(ids), mx.concatenate(values)

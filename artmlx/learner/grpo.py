@@ -81,7 +81,8 @@ def token_weights(mask: mx.array, normalization: str, episodes_in_update: float,
 
 
 def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, mask: mx.array,
-                weights: mx.array, settings: LossSettings, base_logp: mx.array | None = None):
+                weights: mx.array, settings: LossSettings, base_logp: mx.array | None = None,
+                extra_per_token: mx.array | None = None):
     """Weighted loss sum for one micro-batch, and metric sums over its policy tokens.
 
     logp, behaviour_logp, mask, weights, base_logp: (B, T); advantages: (B,) one per episode, or (B, T) one
@@ -120,6 +121,8 @@ def policy_loss(logp: mx.array, behaviour_logp: mx.array, advantages: mx.array, 
         if settings.kl_coef:
             per_token = per_token + settings.kl_coef * kl
 
+    if extra_per_token is not None:  # a per-token loss beside the policy's (a hint's top-K KL, `distill.py`)
+        per_token = per_token + extra_per_token
     loss = (per_token * weights).sum()
     # Tokens whose gradient the clip changed: for ppo/gspo where the clipped branch is the minimum
     # (A > 0 above 1 + eps_high, A < 0 below 1 - eps_low), for cispo where the weight was truncated.

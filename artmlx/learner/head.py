@@ -26,7 +26,12 @@ import mlx.core as mx
 
 def chunked_logprobs(head: Callable, hidden: mx.array, targets: mx.array, temperature: float,
                      rows: int) -> mx.array:
-    """log softmax(head(hidden) / temperature)[target] for each of the n rows of `hidden` (n, D)."""
+    """log softmax(head(hidden) / temperature)[target] for each of the n rows of `hidden` (n, D).
+
+    `targets` (n,) gives one logprob per row; (n, J) gives J per row (the sampled token and a hinted teacher's
+    top K, `distill.topk_reverse_kl`), ids may repeat within a row."""
+    if targets.ndim == 2:
+        return _chunked_logprobs_many(head, hidden, targets, temperature, rows)
     def logits_of(x: mx.array) -> mx.array:
         logits = head(x).astype(mx.float32)
         return logits if temperature in (0, 1) else logits / temperature
@@ -56,6 +61,43 @@ def chunked_logprobs(head: Callable, hidden: mx.array, targets: mx.array, temper
             at_target = t[start:end, None]
             d_logits = mx.put_along_axis(d_logits, at_target,
                                          mx.take_along_axis(d_logits, at_target, axis=-1) + weight, axis=-1)
+            grads.append(mx.vjp(logits_of, [part], [d_logits])[1][0])
+        grad = mx.concatenate(grads) if grads else mx.zeros_like(x)
+        return grad.astype(x.dtype), mx.zeros_like(t)
+
+    return logprobs(hidden, targets)
+
+
+def _chunked_logprobs_many(head: Callable, hidden: mx.array, targets: mx.array, temperature: float,
+                           rows: int) -> mx.array:
+    """`chunked_logprobs` with J targets per row (n, J): the same chunking and custom backward, the
+    logits' gradient taken by MLX from the chunk's picks (which adds up repeated ids)."""
+    def logits_of(x: mx.array) -> mx.array:
+        logits = head(x).astype(mx.float32)
+        return logits if temperature in (0, 1) else logits / temperature
+
+    def pick(logits: mx.array, t: mx.array) -> mx.array:
+        return mx.take_along_axis(logits, t, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    def chunks(n: int):
+        return [(start, min(start + rows, n)) for start in range(0, n, rows)]
+
+    @mx.custom_function
+    def logprobs(x: mx.array, t: mx.array) -> mx.array:
+        out = []
+        for start, end in chunks(x.shape[0]):
+            part = x[start:end] if not out else mx.depends(x[start:end], out[-1])
+            out.append(pick(logits_of(part), t[start:end]))
+        return mx.concatenate(out) if out else mx.zeros((0, t.shape[1]), mx.float32)
+
+    @logprobs.vjp
+    def logprobs_vjp(primals, cotangent, output):
+        x, t = primals
+        grads = []
+        for start, end in chunks(x.shape[0]):
+            part = mx.depends(x[start:end], grads[-1] if grads else output)
+            logits = logits_of(part)
+            d_logits = mx.vjp(lambda l: pick(l, t[start:end]), [logits], [cotangent[start:end]])[1][0]
             grads.append(mx.vjp(logits_of, [part], [d_logits])[1][0])
         grad = mx.concatenate(grads) if grads else mx.zeros_like(x)
         return grad.astype(x.dtype), mx.zeros_like(t)

@@ -32,8 +32,8 @@ from ..trajectory import Episode, Group
 from .batching import MicroBatch, make_microbatch, make_units, pack_units
 from .checkpointing import checkpointed
 from .data_parallel import shard_groups, sum_across, sum_scalars, zeros_like_tree
-from .distill import token_advantages
-from .forward import policy_logprobs
+from .distill import token_advantages, topk_reverse_kl
+from .forward import policy_logprobs, teacher_topk
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
 from .settings import TrainerSettings
 
@@ -48,6 +48,7 @@ class _StepData:
     groups: list[list[int]]  # indices into `episodes`, one list per group
     skipped_episodes: int = 0  # episodes of zero-variance groups: counted by the seq_mean / constant denominators
     token_advantages: dict | None = None  # episode index -> per-token advantages, for hinted episodes
+    teacher_topk: dict | None = None  # episode index -> the teacher's top-K (ids, logprobs), hint_topk > 0
 
 
 class GRPOTrainer:
@@ -104,10 +105,24 @@ class GRPOTrainer:
         return {"step": self.step, "policy_version": self.policy_version}
 
     def _loss(self, model, prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back,
-              behaviour, advantages, mask, weights, base_logp=None):
-        logp = policy_logprobs(self.parts, self.config.temperature, prefix_inputs, prefix_lengths,
-                               row_prefix, inputs, targets, positions, gather_back)
-        return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
+              behaviour, advantages, mask, weights, *optional):
+        """The micro-batch's loss; `optional` holds, as the config says, the base's logprobs (kl_coef > 0),
+        then the hinted teacher's top-K ids, logprobs and mask (hint_topk > 0; `distill.topk_reverse_kl`)."""
+        optional = list(optional)
+        base_logp = optional.pop(0) if self.config.kl_coef > 0 else None
+        arrays = (prefix_inputs, prefix_lengths, row_prefix, inputs, targets, positions, gather_back)
+        if not self.config.hint_topk:
+            logp = policy_logprobs(self.parts, self.config.temperature, *arrays)
+            return policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp)
+        topk_ids, topk_teacher, topk_mask = optional
+        logp, student_topk = policy_logprobs(self.parts, self.config.temperature, *arrays, extra_targets=topk_ids)
+        kl = topk_reverse_kl(student_topk, topk_teacher) * topk_mask  # (n,) at policy positions
+        kl_tokens = mx.concatenate([kl, mx.zeros((1,), kl.dtype)])[gather_back].reshape(mask.shape)
+        loss, metrics = policy_loss(logp, behaviour, advantages, mask, weights, self.settings, base_logp,
+                                    extra_per_token=self.config.hint_weight * kl_tokens)
+        metrics["hint_kl_sum"] = mx.stop_gradient(kl.sum())
+        metrics["hint_tokens"] = topk_mask.sum()
+        return loss, metrics
 
     def policy_logprobs(self, batch: MicroBatch) -> mx.array:
         """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
@@ -132,18 +147,25 @@ class GRPOTrainer:
                                       self.checkpoints(episodes))
 
     def microbatches(self, episodes: list[Episode], advantages: np.ndarray,
-                     groups: list[list[int]], token_advantages: dict | None = None) -> list[MicroBatch]:
+                     groups: list[list[int]], token_advantages: dict | None = None,
+                     teacher_topk: dict | None = None) -> list[MicroBatch]:
         """The micro-batches of the given groups (each a list of indices into `episodes`)."""
         config = self.config
         budget = self.batch_tokens([episodes[i] for members in groups for i in members])
         units = make_units(episodes, groups, budget, config.pad_multiple)
-        return [make_microbatch(episodes, advantages, packed, config.pad_multiple, token_advantages)
+        return [make_microbatch(episodes, advantages, packed, config.pad_multiple, token_advantages,
+                                config.hint_topk, teacher_topk)
                 for packed in pack_units(units, budget, config.pad_multiple)]
 
     def teacher_logprobs(self, episodes: list[Episode], groups: list[list[int]]) -> dict[int, np.ndarray]:
         """For each hinted episode (index into `episodes`), the teacher's logprobs of its sampled tokens, in
         order: the episode re-scored after its teacher prompt (`Episode.teacher_episode`) by the frozen base
         (`hint_teacher = "base"`: LoRA off) or the current policy, without gradient (`distill.py`)."""
+        return {i: logp for i, (logp, _) in self.teacher_pass(episodes, groups).items()}
+
+    def teacher_pass(self, episodes: list[Episode], groups: list[list[int]]) -> dict[int, tuple]:
+        """`teacher_logprobs`, each with the teacher's top-K at those tokens when `hint_topk` = K > 0: episode
+        index -> (logprobs (n,), (ids (n, K), logprobs (n, K)) or None), n the episode's sampled tokens."""
         hinted = [[i for i in members if episodes[i].teacher_prompt is not None] for members in groups]
         hinted = [members for members in hinted if members]
         if not hinted:
@@ -153,12 +175,22 @@ class GRPOTrainer:
         local = {i: k for k, i in enumerate(order)}
         batches = self.microbatches([teacher[i] for i in order], np.zeros(len(order), np.float32),
                                     [[local[i] for i in members] for members in hinted])
-        out = {}
+        out, k_top = {}, self.config.hint_topk
         with lora_disabled(self.model) if self.config.hint_teacher == "base" else contextlib.nullcontext():
             for batch in batches:
-                logp, mask = np.array(self.policy_logprobs(batch)), np.array(batch.mask) > 0
+                top = None
+                if k_top:
+                    logp, ids, values = teacher_topk(self.parts, self.config.temperature, k_top, *batch.arrays())
+                    logp, ids, values = np.array(logp), np.array(ids), np.array(values)
+                else:
+                    logp = np.array(self.policy_logprobs(batch))
+                mask, at = np.array(batch.mask) > 0, 0
                 for row, k in enumerate(batch.episodes):
-                    out[order[k]] = logp[row][mask[row]]
+                    here = int(mask[row].sum())
+                    if k_top:  # the policy positions are row-major: this row's are the next `here`
+                        top = (ids[at:at + here], values[at:at + here])
+                    out[order[k]] = (logp[row][mask[row]], top)
+                    at += here
         return out
 
     def recompute(self, groups: list[Group]) -> tuple[np.ndarray, np.ndarray]:
@@ -214,15 +246,18 @@ class GRPOTrainer:
             return {}
         config = self.config
         started = time.perf_counter()
-        teacher = self.teacher_logprobs(data.episodes, data.groups)
+        teacher = self.teacher_pass(data.episodes, data.groups)
         teacher_seconds = time.perf_counter() - started
-        data.token_advantages, gaps = {}, []
-        for i, logp in teacher.items():
+        data.token_advantages, data.teacher_topk, gaps = {}, {}, []
+        for i, (logp, top) in teacher.items():
             episode = data.episodes[i]
             mask = np.asarray(episode.policy_mask, bool)
+            # with hint_topk the hint acts through the loss's top-K term; the advantage keeps the reward's part
             data.token_advantages[i] = token_advantages(float(data.advantages[i]), mask, np.asarray(episode.logprobs),
-                                                        logp, config.reward_weight, config.hint_weight,
-                                                        config.hint_baseline)
+                                                        None if top else logp, config.reward_weight,
+                                                        config.hint_weight, config.hint_baseline)
+            if top:
+                data.teacher_topk[i] = top
             gaps.append(logp - np.asarray(episode.logprobs, np.float32)[mask])
         reward_sum = sum(abs(config.reward_weight * float(a)) * e.policy_tokens for a, e in zip(data.advantages, data.episodes))
         gap = np.concatenate(gaps) if gaps else np.zeros(0, np.float32)
@@ -231,7 +266,7 @@ class GRPOTrainer:
                 "hint_logratio_mean": float(gap.mean()) if len(gap) else 0.0,
                 # how much of the update's advantage came from each term (mean absolute value per token)
                 "advantage_reward_abs": reward_sum / all_tokens,
-                "advantage_hint_abs": float(np.abs(config.hint_weight * gap).sum() / all_tokens)}
+                "advantage_hint_abs": 0.0 if config.hint_topk else float(np.abs(config.hint_weight * gap).sum() / all_tokens)}
 
     def train_step(self, groups: list[Group]) -> dict:
         """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
@@ -239,6 +274,8 @@ class GRPOTrainer:
         self.step += 1
         totals = {"tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped_sum": 0.0,
                   "mismatch_kl_sum": 0.0, "abs_logratio_sum": 0.0, "kl_base_sum": 0.0, "loss": 0.0}
+        if self.config.hint_topk:
+            totals.update(hint_kl_sum=0.0, hint_tokens=0.0)
         grad_norms, skipped = [], 0
         if data.episodes:
             # Minibatches split whole groups, so a group's episodes stay together (and share their prompt).
@@ -271,6 +308,7 @@ class GRPOTrainer:
             "abs_logratio_mean": totals["abs_logratio_sum"] / tokens,
             "kl_base": totals["kl_base_sum"] / tokens,
             "updates_skipped_nonfinite": skipped,
+            **({"hint_topk_kl": totals["hint_kl_sum"] / max(totals["hint_tokens"], 1.0)} if self.config.hint_topk else {}),
             "grad_checkpointed": bool(totals.get("checkpointed", False)),
         }
 
@@ -289,7 +327,8 @@ class GRPOTrainer:
         if self.group is not None:  # this rank's whole groups; the weights above still count the whole step's
             costs = [sum(len(data.episodes[i].tokens) for i in members) for members in groups]
             share = [groups[g] for g in shard_groups(costs, self.group.size())[self.group.rank()]]
-        for batch in self.microbatches(data.episodes, data.advantages, share, data.token_advantages) if share else []:
+        for batch in (self.microbatches(data.episodes, data.advantages, share, data.token_advantages, data.teacher_topk)
+                      if share else []):
             weights = token_weights(batch.mask, config.normalization, len(episodes) + flat_episodes, policy_tokens,
                                     config.constant_length)
             base_logp = None
@@ -299,6 +338,8 @@ class GRPOTrainer:
             arrays = [*batch.arrays(), batch.behaviour_logprobs, batch.advantages, batch.mask, weights]
             if base_logp is not None:
                 arrays.append(base_logp)
+            if config.hint_topk:
+                arrays += [batch.topk_ids, batch.topk_teacher, batch.topk_mask]
             with checkpointed(self.model, checkpoints):
                 (loss, metrics), micro_grads = self._grad_step(*arrays)
             grads = micro_grads if grads is None else tree_map(mx.add, grads, micro_grads)
