@@ -161,7 +161,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/learn-real")
     parser.add_argument("--reuse", action="append", default=[], metavar="ARM=RUN_DIR",
                         help="Take an artmlx arm from a run directory an earlier invocation wrote (its metrics and "
-                             "latest adapters) instead of running it again; repeatable.")
+                             "latest adapters) instead of running it again, or the peer from its peer.json "
+                             "(peer=OUT/peer.json); repeatable.")
     parser.add_argument("--json")
     parser.add_argument("--plot")
     parser.add_argument("--summarize", metavar="REPORT.json", help="Print a report's tables as Markdown and exit.")
@@ -191,9 +192,13 @@ def main() -> None:
     folders = {}
     for arm in arms:
         folder = folders[arm] = Path(reused.get(arm, out / arm)).resolve()
-        if arm in reused:
-            if arm == "peer":
-                raise SystemExit(f"--reuse takes artmlx arms (train, {', '.join(HINT_ARMS)}, run)")
+        if arm in reused and arm == "peer":  # the report peer_learn.py wrote (its adapters where it says)
+            peer = json.loads(Path(reused["peer"]).read_text())
+            report["arms"]["peer"] = {"reused": str(Path(reused["peer"]).resolve()), "points": peer["points"],
+                                      "seconds_per_step": peer["seconds_per_step"], "settings": peer["settings"],
+                                      "version": peer["version"]}
+            print(f"peer: reused {reused['peer']}", flush=True)
+        elif arm in reused:
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"reused": str(folder), "points": points, **flat}
             print(f"{arm}: reused {folder}", flush=True)
