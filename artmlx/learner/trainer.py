@@ -62,6 +62,8 @@ class GRPOTrainer:
         self.config = config
         self.plan = plan
         self.parts = model_parts(model)
+        if config.hint_topk and self.parts.vocab_size and config.hint_topk > self.parts.vocab_size:
+            raise ValueError(f"hint_topk = {config.hint_topk} is more than the model's {self.parts.vocab_size} tokens")
         self.group = group if group is not None and group.size() > 1 else None
         self.optimizer = optim.AdamW(
             learning_rate=config.learning_rate,

@@ -329,3 +329,5 @@ def test_a_flat_group_with_hints_trains_through_the_topk_term_and_refuses_a_base
         settings(hint_topk=4, hint_baseline="episode")
     with pytest.raises(ValueError, match="hint_topk' must be at most 256"):
         settings(hint_topk=257)
+    with pytest.raises(ValueError, match="hint_topk = 200 is more than the model's 102 tokens"):
+        GRPOTrainer(model, settings(hint_topk=200))
