@@ -24,6 +24,18 @@ from typing import Callable
 
 import mlx.core as mx
 
+def _scaled_logits(head: Callable, temperature: float) -> Callable:
+    """x -> head(x) in float32, divided by the temperature (the sampler's)."""
+    def logits_of(x: mx.array) -> mx.array:
+        logits = head(x).astype(mx.float32)
+        return logits if temperature in (0, 1) else logits / temperature
+    return logits_of
+
+
+def _chunks(n: int, rows: int) -> list[tuple[int, int]]:
+    return [(start, min(start + rows, n)) for start in range(0, n, rows)]
+
+
 def chunked_logprobs(head: Callable, hidden: mx.array, targets: mx.array, temperature: float,
                      rows: int) -> mx.array:
     """log softmax(head(hidden) / temperature)[target] for each of the n rows of `hidden` (n, D).
@@ -32,12 +44,8 @@ def chunked_logprobs(head: Callable, hidden: mx.array, targets: mx.array, temper
     top K, `distill.topk_reverse_kl`), ids may repeat within a row."""
     if targets.ndim == 2:
         return _chunked_logprobs_many(head, hidden, targets, temperature, rows)
-    def logits_of(x: mx.array) -> mx.array:
-        logits = head(x).astype(mx.float32)
-        return logits if temperature in (0, 1) else logits / temperature
-
-    def chunks(n: int):
-        return [(start, min(start + rows, n)) for start in range(0, n, rows)]
+    logits_of = _scaled_logits(head, temperature)
+    chunks = lambda n: _chunks(n, rows)  # noqa: E731
 
     @mx.custom_function
     def logprobs(x: mx.array, t: mx.array) -> mx.array:
@@ -72,15 +80,11 @@ def _chunked_logprobs_many(head: Callable, hidden: mx.array, targets: mx.array, 
                            rows: int) -> mx.array:
     """`chunked_logprobs` with J targets per row (n, J): the same chunking and custom backward, the
     logits' gradient taken by MLX from the chunk's picks (which adds up repeated ids)."""
-    def logits_of(x: mx.array) -> mx.array:
-        logits = head(x).astype(mx.float32)
-        return logits if temperature in (0, 1) else logits / temperature
+    logits_of = _scaled_logits(head, temperature)
+    chunks = lambda n: _chunks(n, rows)  # noqa: E731
 
     def pick(logits: mx.array, t: mx.array) -> mx.array:
         return mx.take_along_axis(logits, t, axis=-1) - mx.logsumexp(logits, axis=-1, keepdims=True)
-
-    def chunks(n: int):
-        return [(start, min(start + rows, n)) for start in range(0, n, rows)]
 
     @mx.custom_function
     def logprobs(x: mx.array, t: mx.array) -> mx.array:
