@@ -9,6 +9,10 @@ from __future__ import annotations
 
 HINT_TEMPLATE = "\n\n[user's hint / instruction]\n{hint}"
 """Appended to the last user message of the episode's opening (OpenClaw-RL's `openclaw-opd/` form)."""
+HINT_FORMS = ("instruction", "system")
+"""Where the hint goes (`hint_form` in the config): `instruction` appends it to the last user message in
+OpenClaw-RL's form; `system` puts it in the system message (after an existing one's text, or as a new first
+message), so the conversation itself reads exactly as the student saw it."""
 MAX_HINT_CHARS = 2000
 """Longer hints are cut: the teacher prompt must stay within the run's episode length."""
 HINT_KEY = "directive_hint"
@@ -22,10 +26,18 @@ def set_directive_hint(trajectory, hint: str) -> None:
     trajectory.metadata[HINT_KEY] = _checked(hint)
 
 
-def hinted_messages(messages: list[dict], hint: str) -> list[dict]:
-    """`messages` with the hint appended to the last user message (a copy; the original is kept)."""
+def hinted_messages(messages: list[dict], hint: str, form: str = "instruction") -> list[dict]:
+    """`messages` with the hint placed as `form` says (`HINT_FORMS`; a copy, the original is kept)."""
     hint = _checked(hint)[:MAX_HINT_CHARS]
     out = [dict(m) for m in messages]
+    if form == "system":
+        if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+            out[0]["content"] = f"{out[0]['content']}\n\n{hint}" if out[0]["content"] else hint
+        else:
+            out.insert(0, {"role": "system", "content": hint})
+        return out
+    if form != "instruction":
+        raise ValueError(f"hint form must be one of {', '.join(HINT_FORMS)}, got {form!r}")
     for message in reversed(out):
         if message.get("role") == "user" and isinstance(message.get("content"), str):
             message["content"] = message["content"] + HINT_TEMPLATE.format(hint=hint)

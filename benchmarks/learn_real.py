@@ -50,7 +50,9 @@ sys.path.insert(0, str(ROOT))
 # The hinted arms: `artmlx train` with the task's hints on and these settings beside (docs/hints.md).
 HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"},
              "train-hints-centred": {"hint_baseline": "episode"}, "train-hints-topk": {"hint_topk": 50},
-             "train-hints-topk-policy": {"hint_topk": 50, "hint_teacher": "policy"}}
+             "train-hints-topk-policy": {"hint_topk": 50, "hint_teacher": "policy"},
+             "train-hints-system": {"hint_form": "system"},
+             "train-hints-system-half": {"hint_form": "system", "hint_weight": 0.5}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]

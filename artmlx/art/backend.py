@@ -296,7 +296,8 @@ class MLXBackend:
             episodes = []
             for trajectory in group.trajectories:
                 try:
-                    episodes.append(trajectory_episode(trajectory, self.server.chat, self.config.temperature, vocab))
+                    episodes.append(trajectory_episode(trajectory, self.server.chat, self.config.temperature, vocab,
+                                                      self.config.hint_form))
                 except TrajectoryRefused as error:
                     refused.append(f"group {number}: {error}")
             if episodes:

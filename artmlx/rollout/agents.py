@@ -80,12 +80,13 @@ class AgentRollouts:
 
     def __init__(self, server, rollout: Callable, scenarios: list, temperature: float,
                  tick: Callable[[], bool] | None = None, tick_s: float = 0.5, failure_limit: int = 0,
-                 spec: str = "", min_group_size: int = 0):
+                 spec: str = "", min_group_size: int = 0, hint_form: str = "instruction"):
         """`tick` is called every `tick_s` while agents play (the actor's socket: heartbeats and acks must
         flow while a batch of agents runs for minutes); True from it stops the batch. `failure_limit`
         failed rollouts in a row raise `RolloutsFailing` (0: never). `spec` is how the run named the rollout.
         A group whose failed or refused rollouts leave at least `min_group_size` trajectories is kept with
-        those (0: a group needs all of its rollouts)."""
+        those (0: a group needs all of its rollouts). `hint_form` places a trajectory's directive hint in its
+        teacher's prompt (`hints.HINT_FORMS`)."""
         import httpx
         import openai
 
@@ -96,6 +97,7 @@ class AgentRollouts:
         self.spec = spec or signature_text(rollout)
         self.scenarios = scenarios
         self.temperature = temperature
+        self.hint_form = hint_form
         self.failures = FailureLog()
         self.failure_limit = failure_limit
         self.min_group_size = min_group_size
@@ -182,7 +184,7 @@ class AgentRollouts:
                 continue
             try:
                 episodes.append(trajectory_episode(outcome, self.server.chat, self.temperature,
-                                                   vocab_size(self.server.model)))
+                                                   vocab_size(self.server.model), self.hint_form))
                 self.failures.succeeded()
             except (TrajectoryRefused, AttributeError, TypeError, ValueError) as error:
                 self._refused(seed, outcome, error)
@@ -272,7 +274,7 @@ def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, 
         if server.scheduler.prefix is not None:
             server.scheduler.prefix.max_bytes = prefix_bytes
     return AgentRollouts(server, rollout, scenarios, config.temperature, tick=tick, failure_limit=failure_limit,
-                         spec=config.rollout, min_group_size=config.min_group_size)
+                         spec=config.rollout, min_group_size=config.min_group_size, hint_form=config.hint_form)
 
 
 def wait_for_thread_exit(native_id: int, timeout_s: float = 5.0) -> None:

@@ -139,7 +139,8 @@ def _exchange_turns(exchanges, chat: ChatFormat) -> list[tuple[str, object, obje
     return turns
 
 
-def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_size: int) -> Episode:
+def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_size: int,
+                       hint_form: str = "instruction") -> Episode:
     """The trajectory's one token sequence, with the policy mask on every sampled token."""
     if getattr(trajectory, "additional_histories", None):
         raise TrajectoryRefused("additional_histories are not supported: artmlx trains one sequence per trajectory")
@@ -193,7 +194,7 @@ def trajectory_episode(trajectory, chat: ChatFormat, temperature: float, vocab_s
     if hint is not None:
         messages, tools = _opening(trajectory, exchanges)
         try:
-            episode.teacher_prompt = chat.prompt_ids(hinted_messages(messages, hint), tools)
+            episode.teacher_prompt = chat.prompt_ids(hinted_messages(messages, hint, hint_form), tools)
         except ValueError as error:
             raise TrajectoryRefused(f"its directive hint cannot be placed: {error}") from None
         if any(not 0 <= t < vocab_size for t in episode.teacher_prompt):

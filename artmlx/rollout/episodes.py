@@ -35,11 +35,13 @@ class SamplingParams:
     max_reply_tokens: int = 8
     max_turns: int = 10
     max_episode_tokens: int = 2048
+    hint_form: str = "instruction"  # where a hint goes in its teacher's prompt (`hints.HINT_FORMS`)
 
     @classmethod
     def from_config(cls, config) -> "SamplingParams":
         return cls(temperature=config.temperature, max_reply_tokens=config.max_reply_tokens,
-                   max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens)
+                   max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens,
+                   hint_form=config.hint_form)
 
     @property
     def slots_per_row(self) -> int:
@@ -171,7 +173,7 @@ class EpisodeRollouts:
         episode.info = dict(result.info)
         hint = episode.info.pop("hint", None)
         if hint is not None:  # the latest hint of the episode is its teacher's (learner/distill.py)
-            episode.teacher_prompt = self.chat.prompt_ids(hinted_messages(item.opening, hint))
+            episode.teacher_prompt = self.chat.prompt_ids(hinted_messages(item.opening, hint, self.sampling.hint_form))
         if result.done:
             return False
         continuation = self.chat.continuation_ids(result.messages, reply[-1] if reply else None)

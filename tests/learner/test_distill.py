@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from artmlx.config import load_config
+from artmlx.config import TrainConfig, load_config, validate
 from artmlx.envs import make_env
 from artmlx.hints import HINT_TEMPLATE, MAX_HINT_CHARS, hinted_messages
 from artmlx.learner.distill import token_advantages, topk_reverse_kl
@@ -99,6 +99,33 @@ def test_hinted_messages_append_to_the_last_user_message_and_refuse_nonsense():
             hinted_messages(messages, bad)
     with pytest.raises(ValueError, match="user message"):
         hinted_messages([{"role": "system", "content": "s"}], "h")
+
+
+def test_a_system_hint_goes_into_the_system_message_and_leaves_the_conversation_as_the_student_saw_it():
+    conversation = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "5"},
+                    {"role": "user", "content": "Again?"}]
+    out = hinted_messages(conversation, "The answer is 4.", "system")
+    assert out == [{"role": "system", "content": "The answer is 4."}, *conversation]
+    with_system = [{"role": "system", "content": "Be brief."}, *conversation]
+    out = hinted_messages(with_system, "The answer is 4.", "system")
+    assert out == [{"role": "system", "content": "Be brief.\n\nThe answer is 4."}, *conversation]
+    assert with_system[0]["content"] == "Be brief."  # the original is kept
+    with pytest.raises(ValueError, match="hint form must be one of instruction, system"):
+        hinted_messages(conversation, "h", "footnote")
+
+
+def test_the_configured_hint_form_builds_the_teacher_prompt_of_every_episode():
+    model, tokenizer = tiny_policy()
+    engine = EpisodeRollouts(model, tokenizer, lambda: make_env("math", {"hints": True}),
+                             SamplingParams(max_reply_tokens=4, hint_form="system"))
+    for group in engine.play([5], 2, mx.random.key(0)):
+        opening = make_env("math").reset(group.seed)
+        answer = make_env("math").question(group.seed)[1]
+        for episode in group.episodes:
+            assert episode.teacher_prompt == engine.chat.prompt_ids(
+                [{"role": "system", "content": f"The answer is {answer}."}, *opening])
+    with pytest.raises(ValueError, match="hint_form"):
+        validate(TrainConfig(hint_form="footnote"))
 
 
 def test_the_teacher_episode_scores_exactly_the_sampled_tokens():
