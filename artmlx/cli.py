@@ -49,16 +49,19 @@ def cli() -> None:
 
 
 @cli.command()
-@train_options(agents=False)
+@train_options
 @click.option("--dry-run", is_flag=True, help="Estimate memory from the model's config.json and safetensors headers "
                                               "(nothing loaded): weights, KV per row, batches, micro-batches, and "
                                               "whether one episode fits the budget; exit 1 if it does not.")
-def train(config_file, model, env, steps, seed, out, resume, settings, dry_run):
+def train(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume, settings, dry_run):
     """Train synchronously in one process: rollouts -> GRPO update -> eval.
 
-    Environments only: an agent (`--rollout`) is played by actors, so it trains with `artmlx run`."""
+    An environment (`--env`) or an agent (`--rollout`, played against an in-process server of the policy)."""
+    from .apps.launch import EXIT_ROLLOUTS_FAILING
+
     try:
-        config = _train_config(config_file, model, env, None, None, None, steps, seed, out, resume, settings)
+        config = _train_config(config_file, model, env, rollout, scenarios, eval_scenarios, steps, seed, out, resume,
+                               settings)
         if dry_run:
             from .engine.estimate import estimate_for, estimate_lines
 
@@ -66,8 +69,13 @@ def train(config_file, model, env, steps, seed, out, resume, settings, dry_run):
             click.echo("\n".join([*estimate_lines(facts, config), json.dumps(facts)]))
             raise SystemExit(0 if facts["fits"] else 1)
         from .apps.train import train as run_training
+        from .rollout.agents import RolloutsFailing
 
-        run_dir = run_training(config, resume=resume)
+        try:
+            run_dir = run_training(config, resume=resume)
+        except RolloutsFailing as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(EXIT_ROLLOUTS_FAILING)
     except (ValueError, FileNotFoundError) as error:
         _fail(error)
     click.echo(f"done: {run_dir} (adapters in {run_dir / 'adapters'}; `artmlx plot {run_dir}` draws the curves)")

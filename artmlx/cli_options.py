@@ -38,11 +38,11 @@ _train_options = [
     click.option("--model", help="tiny (embedded, default), a packaged model (`artmlx model list`), a GGUF file, "
                                  "a Hugging Face id or a local model folder."),
     click.option("--env", help="Environment name (tictactoe, arithmetic) or module:Class."),
-    click.option("--rollout", help="Agent instead of env (run, learner): module:function or file.py:function, "
+    click.option("--rollout", help="Agent instead of env: module:function or file.py:function, "
                                    "ART's `async def rollout(model, scenario) -> Trajectory` or "
                                    "`async def rollout(client, scenario)` with an openai client."),
     click.option("--scenarios", help="Scenarios for --rollout: a JSONL file or module:name of a list."),
-    click.option("--eval-scenarios", help="Held-out scenarios the learner evaluates a --rollout agent on "
+    click.option("--eval-scenarios", help="Held-out scenarios a --rollout agent is evaluated on "
                                           "(JSONL or module:name); without them an agent run is not evaluated."),
     click.option("--steps", type=int, help="Number of GRPO updates."),
     click.option("--seed", type=int, help="Run seed."),
@@ -53,29 +53,8 @@ _train_options = [
 ]
 
 
-AGENT_OPTIONS = ("--rollout", "--scenarios", "--eval-scenarios")
-
-
-def train_options(function=None, *, agents: bool = True):
-    """The shared run options; `agents=False` leaves out the agent ones (`artmlx train` plays environments only:
-    agents are played by actors)."""
-    def decorate(function):
-        for option in reversed(_train_options):
-            function = option(function)
-        return function
-
-    if agents:
-        return decorate(function) if function else decorate
-    options = [o for o in _train_options if not _declares_agent_option(o)]
-
-    def decorate_envs(function):
-        for option in reversed(options):
-            function = option(function)
-        return function
-
-    return decorate_envs
-
-
-def _declares_agent_option(option) -> bool:
-    probe = option(lambda: None)
-    return any(name in AGENT_OPTIONS for param in probe.__click_params__ for name in param.opts)
+def train_options(function):
+    """The shared run options of `train`, `learner` and `run`."""
+    for option in reversed(_train_options):
+        function = option(function)
+    return function

@@ -307,15 +307,13 @@ class LearnerService:
 
         That server holds a second copy of the base model (in this process) and gets the current adapter
         before each evaluation; sampling is the agent's (its requests' temperature)."""
-        from ..rollout.agents import agent_rollouts
+        from ..rollout.agents import agent_rollouts, serve_policy
 
         if self.agent_eval is None:
             rows = min(len(self.eval_scenarios), self.config.share_of_update(1) * self.config.group_size)
             self.agent_eval = agent_rollouts(self.config, max(1, rows), seed=self.config.seed, scenarios=[],
                                              tick=lambda: self.stop_reason is not None)
-        weights = {name: np.array(value) for name, value in adapter_weights(self.model, mx.float32).items()}
-        self.agent_eval.set_adapter(lambda: {name: mx.array(value) for name, value in weights.items()},
-                                    self.trainer.policy_version)
+        serve_policy(self.agent_eval, self.model, self.trainer.policy_version)
         row = evaluate_agent(self.agent_eval, self.eval_scenarios)
         if self.echo:
             for first in self.agent_eval.failures.firsts():

@@ -3,6 +3,12 @@
 It is the baseline that the distributed pipeline must beat. Each update's task seeds and sampling
 key are pure functions of (seed, step), and checkpoints restore adapters, optimizer and RNG, so
 `--resume` continues exactly where an uninterrupted run would be.
+
+An agent (`rollout`, with `scenarios` and optionally `eval_scenarios`) plays against an in-process
+OpenAI-compatible server of the policy, as in an actor: that server holds a second copy of the base
+and gets the current adapter before every update and evaluation. Its sampling is the server's own
+(seeded once per process), so a resumed agent run continues from the checkpoint but does not repeat
+the uninterrupted run's samples exactly.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import mlx.core as mx
 from ..config import TrainConfig
 from ..engine.loading import open_policy
 from ..envs.base import make_env, outcomes_of
-from ..rollout.evaluation import evaluate
+from ..rollout.evaluation import evaluate, evaluate_agent, unevaluated_note
 from ..seeds import step_key, step_seed, train_seeds
 from ..fast_blas import blas_description
 from ..learner.checkpoint import latest_checkpoint, load_checkpoint, save_run_state
@@ -26,6 +32,7 @@ from ..learner.settings import TrainerSettings
 from ..learner.trainer import GRPOTrainer
 from ..metrics import check_sinks, open_metrics
 from ..model.policy import LoraSpec, save_adapters
+from ..rollout.agents import serve_policy
 from ..rollout.dynamic_sampling import sample_with_signal
 from ..rollout.episodes import EpisodeRollouts, SamplingParams
 from ..rundir import prepare_run_dir
@@ -60,17 +67,42 @@ class StopRequest:
 
 
 def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
-    if config.rollout:
-        raise ValueError("rollout agents are played by actors: use `artmlx run --rollout ...` (or MLXBackend in "
-                         "an ART script); `artmlx train` plays environments")
+    eval_scenarios = _load_agent(config)  # the agent's code before anything else (RolloutLoadError)
     check_sinks(config)
     run_dir = prepare_run_dir(config, resume)
     spec = LoraSpec.from_config(config)
     opened = open_policy(config.model, spec, config.memory_budget_gb, training=True, seed=config.seed)
     model, tokenizer, trainable, plan = opened.model, opened.tokenizer, opened.trainable, opened.plan
-    env = make_env(config.env, config.env_args)
-    engine = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
-                             SamplingParams.from_config(config), plan)
+    stop = StopRequest()
+    if config.rollout:
+        from ..rollout.agents import agent_rollouts
+
+        engine = agent_rollouts(config, config.groups_per_step * config.group_size, seed=config.seed,
+                                tick=lambda: stop.reason is not None, failure_limit=config.rollout_failure_limit)
+        outcomes: tuple = ()
+    else:
+        engine = EpisodeRollouts(model, tokenizer, lambda: make_env(config.env, config.env_args),
+                                 SamplingParams.from_config(config), plan)
+        outcomes = outcomes_of(make_env(config.env, config.env_args))
+    try:
+        return _train(config, resume, echo, run_dir, spec, model, trainable, plan, engine, outcomes, eval_scenarios,
+                      stop)
+    finally:
+        engine.close()
+
+
+def _load_agent(config: TrainConfig) -> list:
+    """An agent run's code and scenarios, loaded to fail early; its held-out scenarios ([] for environments)."""
+    if not config.rollout:
+        return []
+    from ..rollout.agent_code import load_rollout, load_scenarios
+
+    load_rollout(config.rollout)
+    load_scenarios(config.scenarios)
+    return load_scenarios(config.eval_scenarios, "eval_scenarios")
+
+
+def _train(config, resume, echo, run_dir, spec, model, trainable, plan, engine, outcomes, eval_scenarios, stop):
     trainer = GRPOTrainer(model, TrainerSettings.of(config), plan)
     log = open_metrics(run_dir, config, echo)
     elapsed = 0.0
@@ -78,19 +110,29 @@ def train(config: TrainConfig, resume: bool = False, echo: bool = True) -> Path:
         extra = load_checkpoint(latest_checkpoint(run_dir), trainer)
         elapsed = extra.get("time", 0.0)
         log.truncate_after(trainer.step)
+    task = f"agent {config.rollout}" if config.rollout else f"env {config.env}"
+    unevaluated = unevaluated_note(config.rollout, config.eval_every, eval_scenarios, config.env)
     if echo:
-        print(f"run {run_dir}: model {config.model}, env {config.env}, {trainable:,} trainable LoRA parameters, "
+        print(f"run {run_dir}: model {config.model}, {task}, {trainable:,} trainable LoRA parameters, "
               f"{config.groups_per_step}x{config.group_size} episodes per update; "
               f"{mx.default_device()}, BLAS: {blas_description()}; memory {_memory_line(plan, engine)}", flush=True)
+        if unevaluated:
+            print(unevaluated, flush=True)
     started = time.perf_counter() - elapsed
-    outcomes = outcomes_of(env)
     eval_temperature = config.resolved_eval_temperature()
 
     def run_eval():
-        row = evaluate(engine, config.eval_episodes, outcomes, eval_temperature, seed=config.seed)
+        if unevaluated:
+            return
+        if config.rollout:
+            serve_policy(engine, model, trainer.policy_version)
+            row = evaluate_agent(engine, eval_scenarios)
+            if row is None:  # stopped by a signal midway
+                return
+        else:
+            row = evaluate(engine, config.eval_episodes, outcomes, eval_temperature, seed=config.seed)
         log.write({**trainer.position(), "time": time.perf_counter() - started, **row})
 
-    stop = StopRequest()
     saved_step = trainer.step
     try:
         with stop.installed():
@@ -119,6 +161,8 @@ def _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_
     mx.random.seed(step_seed(config.seed, step, stream=1))  # LoRA dropout's stream, restored by construction
     mx.reset_peak_memory()  # so each row reports its own update's peak
     t0 = time.perf_counter()
+    if config.rollout:  # the agents' server samples from its own copy of the base: give it the current adapter
+        serve_policy(engine, trainer.model, trainer.policy_version)
     groups, sampling = sample_with_signal(
         lambda sampling_round, count: engine.play(
             train_seeds(config.seed, step, count, sampling_round), config.group_size,
@@ -160,6 +204,9 @@ def _count_outcomes(groups, outcomes) -> dict:
 
 def _memory_line(plan, engine) -> str:
     """Budget, weights and the rows per batch the budget gives, for the run's first line."""
+    if not hasattr(engine, "sampling"):  # agents: a server of the policy with its own copy of the base
+        return (f"budget {plan.describe(1)['budget_gb']} GB; agents play on an in-process server of the policy "
+                f"(a second copy of the base, {engine.max_rows} requests at once)")
     facts = plan.describe(engine.sampling.slots_per_row)
     return (f"budget {facts['budget_gb']} GB, weights {facts['weights_gb']} GB, "
             f"{facts['rows_per_batch']} rows per batch ({facts['kv_mb_per_row']} MB of KV cache each)")

@@ -251,6 +251,18 @@ class AgentRollouts:
         wait_for_thread_exit(self.scheduler_thread)
 
 
+def serve_policy(rollouts: AgentRollouts, model, version: int) -> None:
+    """Give the agents' server (its own copy of the base) the adapter `model` trains now, as `version`. The
+    weights pass as NumPy arrays: the server's thread makes its MLX arrays itself (it owns their stream)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from ..model.policy import adapter_weights
+
+    weights = {name: np.array(value) for name, value in adapter_weights(model, mx.float32).items()}
+    rollouts.set_adapter(lambda: {name: mx.array(value) for name, value in weights.items()}, version)
+
+
 def agent_rollouts(config, rows: int, seed: int, scenarios: list | None = None, tick=None,
                    failure_limit: int = 0, budget: int = 0) -> AgentRollouts:
     """The run's rollout function on a new in-process server of `rows` concurrent requests; with a memory

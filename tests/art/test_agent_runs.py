@@ -77,6 +77,41 @@ def test_an_art_signature_rollout_trains_and_is_evaluated_on_its_eval_scenarios(
 
 
 @pytest.mark.slow
+def test_train_plays_an_agent_in_one_process_and_evaluates_it_on_held_out_scenarios(tmp_path):
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"seed": 10_000 + i}) + "\n" for i in range(6)))
+    run = tmp_path / "run"
+    result = artmlx("train", "--out", str(run), "--steps", "2", "--rollout", "examples/tictactoe_rollout.py:rollout",
+                    "--eval-scenarios", str(held_out), "--set", "eval_every=2", "--set", "groups_per_step=4",
+                    "--set", "group_size=4", cwd=ROOT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "agent examples/tictactoe_rollout.py:rollout" in output and "second copy of the base" in output
+    updates = train_rows(run)
+    assert [r["step"] for r in updates] == [1, 2] and [r["policy_version"] for r in updates] == [1, 2]
+    for row in updates:  # groups of 4 tic-tac-toe games (dynamic sampling may bring a few more than 4)
+        assert row["groups"] >= 4 and -0.5 <= row["reward_mean"] <= 1 and row["gen_tokens"] > 0
+    evals = [r for r in read_metrics(run) if "eval_score" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    for row in evals:  # the agent on its 6 held-out scenarios, not the env's 200 seeds
+        assert row["eval_episodes"] == 6 and row["eval_failed"] == 0 and 0 <= row["eval_metric_win"] <= 1
+    assert (run / "adapters" / "adapters.safetensors").exists() and "terminate called" not in output
+
+
+@pytest.mark.slow
+def test_train_stops_on_an_agent_that_always_fails_with_one_message(tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(FAILING_AGENT)
+    result = artmlx("train", "--out", str(tmp_path / "run"), "--steps", "2", "--rollout", f"{agent}:rollout",
+                    "--set", "eval_every=0", "--set", "rollout_failure_limit=8", timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-4000:]
+    assert output.count("rollout_failure_limit = 8); stopping.") == 1
+    assert "AttributeError: 'AsyncOpenAI' object has no attribute 'openai_client'" in output
+    assert "terminate called" not in output
+
+
+@pytest.mark.slow
 def test_an_agent_run_without_eval_scenarios_is_said_to_be_not_evaluated():
     """In-process (this was a whole `artmlx run`: the learner prints the note once at its start and its
     `_evaluate` returns on the same note, so no evaluation row is written)."""
