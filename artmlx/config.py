@@ -103,7 +103,8 @@ class TrainConfig:
     OpenClaw-RL) or `policy` (the current adapters, as SDPO). Without hints nothing changes."""
     hint_form: str = "instruction"
     """Where the teacher reads the hint: `instruction`, appended to the last user message in OpenClaw-RL's form
-    (`\\n\\n[user's hint / instruction]\\n...`), or `system`, in the system message, the conversation unchanged."""
+    (`\\n\\n[user's hint / instruction]\\n...`); `system`, in the system message, the conversation unchanged;
+    `demonstration`, as the assistant's earlier answer to the last user message, which is then asked again."""
     hint_weight: float = 1.0
     """Weight of a hinted token's teacher advantage, log pi_teacher - log pi_old (`learner/distill.py`)."""
     hint_baseline: str = "none"
@@ -196,7 +197,7 @@ CHOICES = {
     "grad_checkpoint": ("auto", "on", "off"),
     "hint_teacher": ("base", "policy"),
     "hint_baseline": ("none", "episode"),
-    "hint_form": ("instruction", "system"),
+    "hint_form": ("instruction", "system", "demonstration"),
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 HINT_TEMPLATE = "\n\n[user's hint / instruction]\n{hint}"
 """Appended to the last user message of the episode's opening (OpenClaw-RL's `openclaw-opd/` form)."""
-HINT_FORMS = ("instruction", "system")
+HINT_FORMS = ("instruction", "system", "demonstration")
 """Where the hint goes (`hint_form` in the config): `instruction` appends it to the last user message in
 OpenClaw-RL's form; `system` puts it in the system message (after an existing one's text, or as a new first
-message), so the conversation itself reads exactly as the student saw it."""
+message), so the conversation itself reads exactly as the student saw it; `demonstration` takes the hint as a
+reply that would have been right: the teacher sees it as the assistant's answer to the last user message, which
+is then asked again (the teacher has seen a good answer, as SDFT's demonstration-conditioned teacher)."""
 MAX_HINT_CHARS = 2000
 """Longer hints are cut: the teacher prompt must stay within the run's episode length."""
 HINT_KEY = "directive_hint"
@@ -36,10 +38,14 @@ def hinted_messages(messages: list[dict], hint: str, form: str = "instruction") 
         else:
             out.insert(0, {"role": "system", "content": hint})
         return out
-    if form != "instruction":
+    if form not in ("instruction", "demonstration"):
         raise ValueError(f"hint form must be one of {', '.join(HINT_FORMS)}, got {form!r}")
-    for message in reversed(out):
+    for index in range(len(out) - 1, -1, -1):
+        message = out[index]
         if message.get("role") == "user" and isinstance(message.get("content"), str):
+            if form == "demonstration":
+                asked_again = [{"role": "assistant", "content": hint}, dict(message)]
+                return out[: index + 1] + asked_again + out[index + 1:]
             message["content"] = message["content"] + HINT_TEMPLATE.format(hint=hint)
             return out
     raise ValueError("a hint needs a user message with text content to append to")

@@ -52,7 +52,9 @@ HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"}
              "train-hints-centred": {"hint_baseline": "episode"}, "train-hints-topk": {"hint_topk": 50},
              "train-hints-topk-policy": {"hint_topk": 50, "hint_teacher": "policy"},
              "train-hints-system": {"hint_form": "system"},
-             "train-hints-system-half": {"hint_form": "system", "hint_weight": 0.5}}
+             "train-hints-system-half": {"hint_form": "system", "hint_weight": 0.5},
+             "train-hints-demo": {"hint_form": "demonstration"},
+             "train-hints-demo-topk": {"hint_form": "demonstration", "hint_topk": 50}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]

@@ -110,8 +110,17 @@ def test_a_system_hint_goes_into_the_system_message_and_leaves_the_conversation_
     out = hinted_messages(with_system, "The answer is 4.", "system")
     assert out == [{"role": "system", "content": "Be brief.\n\nThe answer is 4."}, *conversation]
     assert with_system[0]["content"] == "Be brief."  # the original is kept
-    with pytest.raises(ValueError, match="hint form must be one of instruction, system"):
+    with pytest.raises(ValueError, match="hint form must be one of instruction, system, demonstration"):
         hinted_messages(conversation, "h", "footnote")
+
+
+def test_a_demonstration_hint_is_the_answer_to_the_last_question_which_is_then_asked_again():
+    opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+    out = hinted_messages(opening, "4", "demonstration")
+    assert out == [*opening, {"role": "assistant", "content": "4"}, {"role": "user", "content": "What is 2 + 2?"}]
+    assert len(opening) == 2
+    with pytest.raises(ValueError, match="user message"):
+        hinted_messages([{"role": "system", "content": "s"}], "h", "demonstration")
 
 
 def test_the_configured_hint_form_builds_the_teacher_prompt_of_every_episode():
