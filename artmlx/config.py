@@ -105,6 +105,10 @@ class TrainConfig:
     """Where the teacher reads the hint: `instruction`, appended to the last user message in OpenClaw-RL's form
     (`\\n\\n[user's hint / instruction]\\n...`); `system`, in the system message, the conversation unchanged;
     `demonstration`, as the assistant's earlier answer to the last user message, which is then asked again."""
+    hint_temperature: float = 0.0
+    """The teacher's temperature: its logits are divided by it before the teacher's logprobs (and top-K) are taken;
+    below the sampling temperature the teacher is sharper, its likeliest reply weighing more. 0: the sampling
+    temperature (OpenClaw-RL)."""
     hint_weight: float = 1.0
     """Weight of a hinted token's teacher advantage, log pi_teacher - log pi_old (`learner/distill.py`)."""
     hint_baseline: str = "none"
@@ -203,7 +207,7 @@ POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_rep
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
-                "eval_every", "lora_dropout", "hint_weight", "reward_weight", "hint_topk")
+                "eval_every", "lora_dropout", "hint_weight", "hint_temperature", "reward_weight", "hint_topk")
 MAX_HINT_TOPK = 256  # the teacher's top-K ids and logprobs travel with every policy token of a micro-batch
 
 

@@ -54,7 +54,9 @@ HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"}
              "train-hints-system": {"hint_form": "system"},
              "train-hints-system-half": {"hint_form": "system", "hint_weight": 0.5},
              "train-hints-demo": {"hint_form": "demonstration"},
-             "train-hints-demo-topk": {"hint_form": "demonstration", "hint_topk": 50}}
+             "train-hints-demo-topk": {"hint_form": "demonstration", "hint_topk": 50},
+             "train-hints-sharp": {"hint_temperature": 0.5},
+             "train-hints-sharp-topk": {"hint_temperature": 0.5, "hint_topk": 50}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]

@@ -31,6 +31,7 @@ class TrainerSettings:
     lora_dropout: float
     hint_teacher: str  # directive hints (`distill.py`): "base" (LoRA off) or "policy"
     hint_weight: float
+    hint_temperature: float  # the teacher's; 0: the sampler's
     hint_baseline: str  # "none" or "episode" (`distill.token_advantages`)
     hint_topk: int  # 0: the token-level teacher advantage; K: the top-K reverse KL (`distill.topk_reverse_kl`)
     reward_weight: float

@@ -178,14 +178,15 @@ class GRPOTrainer:
         batches = self.microbatches([teacher[i] for i in order], np.zeros(len(order), np.float32),
                                     [[local[i] for i in members] for members in hinted])
         out, k_top = {}, self.config.hint_topk
+        temperature = self.config.hint_temperature or self.config.temperature
         with lora_disabled(self.model) if self.config.hint_teacher == "base" else contextlib.nullcontext():
             for batch in batches:
                 top = None
                 if k_top:
-                    logp, ids, values = teacher_topk(self.parts, self.config.temperature, k_top, *batch.arrays())
+                    logp, ids, values = teacher_topk(self.parts, temperature, k_top, *batch.arrays())
                     logp, ids, values = np.array(logp), np.array(ids), np.array(values)
                 else:
-                    logp = np.array(self.policy_logprobs(batch))
+                    logp = np.array(policy_logprobs(self.parts, temperature, *batch.arrays()))
                 mask, at = np.array(batch.mask) > 0, 0
                 for row, k in enumerate(batch.episodes):
                     here = int(mask[row].sum())

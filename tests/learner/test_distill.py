@@ -348,6 +348,27 @@ def test_the_topk_teacher_pass_is_the_hinted_contexts_own_top_k_at_every_sampled
             np.testing.assert_allclose(full[position][ids[row]], values[row], atol=1e-4)
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_a_sharper_teacher_scores_the_sampled_tokens_from_its_logits_over_hint_temperature(k):
+    model, engine, groups = hinted_groups(seeds=(3,))
+    episodes = groups[0].episodes
+    scores = GRPOTrainer(model, settings(hint_teacher="policy", hint_temperature=0.5, hint_topk=k)).teacher_pass(
+        episodes, [[0, 1, 2, 3]])
+    for i, episode in enumerate(episodes):
+        teacher = episode.teacher_episode()
+        logits = model(mx.array(teacher.tokens)[None, :-1]).astype(mx.float32)[0] / 0.5
+        full = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        sampled = np.flatnonzero(np.asarray(teacher.policy_mask[1:], bool))
+        targets = np.asarray(teacher.tokens[1:])[sampled]
+        logp, top = scores[i]
+        np.testing.assert_allclose(logp, full[sampled, targets], atol=1e-4)
+        if k:
+            np.testing.assert_allclose(np.sort(top[1], axis=1)[:, ::-1], -np.sort(-full[sampled], axis=1)[:, :k],
+                                       atol=1e-4)
+    with pytest.raises(ValueError, match="hint_temperature"):
+        validate(TrainConfig(hint_temperature=-1.0))
+
+
 def test_a_flat_group_with_hints_trains_through_the_topk_term_and_refuses_a_baseline():
     model, _, groups = hinted_groups(seeds=(3,))
     for episode in groups[0].episodes:
