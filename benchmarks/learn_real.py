@@ -56,7 +56,8 @@ HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"}
              "train-hints-demo": {"hint_form": "demonstration"},
              "train-hints-demo-topk": {"hint_form": "demonstration", "hint_topk": 50},
              "train-hints-sharp": {"hint_temperature": 0.5},
-             "train-hints-sharp-topk": {"hint_temperature": 0.5, "hint_topk": 50}}
+             "train-hints-sharp-topk": {"hint_temperature": 0.5, "hint_topk": 50},
+             "train-hints-sharp-topk-policy": {"hint_temperature": 0.5, "hint_topk": 50, "hint_teacher": "policy"}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]
