@@ -57,7 +57,9 @@ HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"}
              "train-hints-demo-topk": {"hint_form": "demonstration", "hint_topk": 50},
              "train-hints-sharp": {"hint_temperature": 0.5},
              "train-hints-sharp-topk": {"hint_temperature": 0.5, "hint_topk": 50},
-             "train-hints-sharp-topk-policy": {"hint_temperature": 0.5, "hint_topk": 50, "hint_teacher": "policy"}}
+             "train-hints-sharp-topk-policy": {"hint_temperature": 0.5, "hint_topk": 50, "hint_teacher": "policy"},
+             "train-hints-sharp-topk-wrong": {"hint_temperature": 0.5, "hint_topk": 50,
+                                              "env_args": {"hint_on": "wrong"}}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]
@@ -218,10 +220,11 @@ def main() -> None:
             if args.eval_every:
                 command += ["--set", f"eval_every={args.eval_every}"]
             if arm.startswith("train-hints"):
-                env_args = {**recipe.get("env_args", {}), "hints": True}
+                env_args = {**recipe.get("env_args", {}), "hints": True, **HINT_ARMS.get(arm, {}).get("env_args", {})}
                 command += ["--set", "env_args={" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_args.items()) + "}"]
             for field, value in HINT_ARMS.get(arm, {}).items():
-                command += ["--set", f"{field}={json.dumps(value)}"]
+                if field != "env_args":
+                    command += ["--set", f"{field}={json.dumps(value)}"]
             wall = run_logged(command, out / f"{arm}.log")
             points, flat = curve_from_metrics(folder)
             report["arms"][arm] = {"command": shlex.join(command), "wall_seconds": wall, "points": points, **flat,

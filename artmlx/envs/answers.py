@@ -43,11 +43,16 @@ def grade(text: str, answer: float, format_reward: float = 0.1) -> tuple[str, fl
     return "wrong", format_reward
 
 
-def final_step(text: str, answer: float, format_reward: float, hints: bool = False, **info) -> StepResult:
+HINT_ON = ("every", "wrong")
+
+
+def final_step(text: str, answer: float, format_reward: float, hints: bool = False, hint_on: str = "every",
+               **info) -> StepResult:
     """The step that ends a one-question episode: graded, with `answer` and `outcome` in its info; with
-    `hints`, `info["hint"]` states the answer (a directive hint: `learner/distill.py`)."""
+    `hints`, `info["hint"]` states the answer (a directive hint: `learner/distill.py`) on every episode, or with
+    `hint_on = "wrong"` only on those not answered right (a right reply is then not pulled toward the teacher)."""
     outcome, reward = grade(text, answer, format_reward)
-    if hints:
+    if hints and (hint_on == "every" or outcome != "correct"):
         info["hint"] = answer_hint(answer)
     return StepResult([], reward, True, {"outcome": outcome, "score": float(outcome == "correct"),
                                          "answer": _plain(answer), **info})
@@ -66,6 +71,12 @@ def check_format_reward(value: float) -> float:
     if not 0 <= value < 1:
         raise ValueError(f"format_reward must be in [0, 1) (below a correct answer's 1), got {value}")
     return float(value)
+
+
+def check_hint_on(value) -> str:
+    if value not in HINT_ON:
+        raise ValueError(f"hint_on must be one of {', '.join(HINT_ON)}, got {value!r}")
+    return value
 
 
 def check_flag(name: str, value) -> bool:

@@ -3,7 +3,8 @@
 The user asks "What is 7 + 12? Answer with just the number." (operands drawn from the seed between
 `min_operand` and `max_operand`, the operator from `operators`); the answer is the last number in the
 reply and the reward is `answers.py`'s: 1 right, `format_reward` for a wrong number, 0 for no number;
-`hints = true` gives every episode the directive hint "The answer is N." (`learner/distill.py`).
+`hints = true` gives every episode the directive hint "The answer is N." (`learner/distill.py`);
+with `hint_on = "wrong"` only the episodes not answered right get it.
 
 SmolLM2-135M-Instruct on sums of 0-20 in this form (200 held-out questions, 16-token replies):
 0.13 right when sampled at temperature 1, 0.40 greedily; without the "Answer with just the number."
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from .answers import OUTCOMES, check_flag, check_format_reward, final_step
+from .answers import OUTCOMES, check_flag, check_hint_on, check_format_reward, final_step
 
 INSTRUCTION = "Answer with just the number."
 _SYMBOLS = {"+": "+", "-": "-", "*": "×"}
@@ -25,7 +26,7 @@ class MathQuestion:
     outcomes = OUTCOMES
 
     def __init__(self, min_operand: int = 0, max_operand: int = 20, operators: str = "+",
-                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1, hints: bool = False):
+                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1, hints: bool = False, hint_on: str = "every"):
         if not 0 <= min_operand <= max_operand:
             raise ValueError(f"math needs 0 <= min_operand <= max_operand, got {min_operand} and {max_operand}")
         if not operators or set(operators) - set(_SYMBOLS):
@@ -34,6 +35,7 @@ class MathQuestion:
         self.instruction, self.system = instruction, system
         self.format_reward = check_format_reward(format_reward)
         self.hints = check_flag("hints", hints)
+        self.hint_on = check_hint_on(hint_on)
         self.answer = 0
 
     def question(self, seed: int) -> tuple[str, int]:
@@ -51,4 +53,4 @@ class MathQuestion:
         return system + [{"role": "user", "content": text}]
 
     def step(self, assistant_text: str):
-        return final_step(assistant_text, self.answer, self.format_reward, self.hints)
+        return final_step(assistant_text, self.answer, self.format_reward, self.hints, self.hint_on)

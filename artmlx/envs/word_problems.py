@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Callable, NamedTuple
 
-from .answers import OUTCOMES, check_flag, check_format_reward, final_step
+from .answers import OUTCOMES, check_flag, check_hint_on, check_format_reward, final_step
 
 INSTRUCTION = "Answer with just the number."
 WORKED_INSTRUCTION = "Write the calculation, ending with the answer."  # what the demonstrations of `shots` do
@@ -116,7 +116,8 @@ class WordProblems:
     outcomes = OUTCOMES
 
     def __init__(self, steps: str = "12", max_number: int = 20, instruction: str | None = None, system: str = "",
-                 format_reward: float = 0.1, hints: bool = False, shots: int = 0):
+                 format_reward: float = 0.1, hints: bool = False, shots: int = 0,
+                 hint_on: str = "every"):
         steps = str(steps)
         if not steps or set(steps) - set("123"):
             raise ValueError(f"word_problems steps must be digits among 1, 2 and 3 (e.g. \"12\"), got {steps!r}")
@@ -130,6 +131,7 @@ class WordProblems:
         self.max_number, self.instruction, self.system = max_number, instruction, system
         self.format_reward = check_format_reward(format_reward)
         self.hints = check_flag("hints", hints)
+        self.hint_on = check_hint_on(hint_on)
         self.shots = shots
         self.answer, self.kind = 0, ""
 
@@ -162,4 +164,4 @@ class WordProblems:
         return system + self.demonstrations(seed) + [{"role": "user", "content": text}]
 
     def step(self, assistant_text: str):
-        return final_step(assistant_text, self.answer, self.format_reward, self.hints, kind=self.kind)
+        return final_step(assistant_text, self.answer, self.format_reward, self.hints, self.hint_on, kind=self.kind)

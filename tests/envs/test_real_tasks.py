@@ -233,3 +233,22 @@ def test_the_evaluation_reports_the_share_of_calculator_episodes_that_called_the
     row = summarize([with_call, broken_call, without], Calculator.outcomes)
     assert row["eval_tool_calls_rate"] == 2 / 3 and row["eval_tool_errors_rate"] == 1 / 3
     assert "eval_tool_calls_rate" not in summarize([Episode([1], [True], [0.0], 1.0, {"outcome": "correct"})], ("correct",))
+
+
+def test_hint_on_wrong_gives_the_answer_only_to_replies_that_missed_it():
+    from artmlx.envs import make_env
+
+    for name in ("math", "word_problems"):
+        env = make_env(name, {"hints": True, "hint_on": "wrong"})
+        env.reset(3)
+        answer = env.answer
+        assert "hint" not in env.step(f"It is {answer}.").info
+        env.reset(3)
+        assert env.step(f"It is {answer + 1}.").info["hint"] == f"The answer is {answer}."
+        env.reset(3)
+        assert env.step("no idea").info["hint"] == f"The answer is {answer}."
+        env = make_env(name, {"hints": True})  # every episode by default
+        env.reset(3)
+        assert env.step(f"It is {env.answer}.").info["hint"] == f"The answer is {env.answer}."
+        with pytest.raises(ValueError, match="hint_on must be one of every, wrong"):
+            make_env(name, {"hints": True, "hint_on": "sometimes"})
