@@ -4,7 +4,8 @@ Each seed picks a template, names, objects and numbers (`max_number` bounds the 
 states; answers stay whole and non-negative). `steps` chooses the templates: 1 (one operation),
 2 (two), or 3 (three), any number of them, e.g. "12". The answer is the last number in the reply and
 the reward `answers.py`'s (1 right, `format_reward` for a wrong number, 0 for none); `hints = true`
-gives every episode the directive hint "The answer is N.". `info` carries
+gives every episode the directive hint "The answer is N." (with `hint_on = "wrong"`, only those not answered
+right). `info` carries
 the template's name, so evaluation can be broken down by kind.
 
 `shots` (0-4) puts that many solved problems before the question as earlier turns, each answered with its
