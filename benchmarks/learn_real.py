@@ -254,8 +254,9 @@ def main() -> None:
     report["greedy"] = {"base": greedy_score(base / "adapters", args.greedy_episodes, 0)}
     for arm in arms:
         final = folders[arm] / "adapters" if arm != "peer" else Path(report["arms"]["peer"]["points"][-1]["adapters"])
-        report["greedy"][arm] = greedy_score(final, args.greedy_episodes, 0)
-    print("greedy: " + "  ".join(f"{k}={v['eval_score']:.3f}" for k, v in report["greedy"].items()), flush=True)
+        report["greedy"][arm] = (greedy_score(final, args.greedy_episodes, 0) if final.exists() else
+                                 {"eval_score": None, "note": "no final adapters: the run was stopped before its end"})
+    print("greedy: " + "  ".join(f"{k}={v['eval_score']}" for k, v in report["greedy"].items()), flush=True)
 
     budget = args.minutes * 60
     peer_final = report["arms"]["peer"]["points"][-1] if "peer" in arms else None
@@ -309,7 +310,17 @@ NAMES = {"train": "`artmlx train`", "train-hints": "`artmlx train`, hints (base 
          "train-hints-centred": "`artmlx train`, hints centred (base teacher)",
          "train-hints-policy": "`artmlx train`, hints (policy teacher)",
          "train-hints-topk": "`artmlx train`, hints top-50 KL (base teacher)",
-         "train-hints-topk-policy": "`artmlx train`, hints top-50 KL (policy teacher)", "run": "`artmlx run` (2 actors)",
+         "train-hints-topk-policy": "`artmlx train`, hints top-50 KL (policy teacher)",
+         "train-hints-system": "`artmlx train`, hints in the system message (base teacher)",
+         "train-hints-system-half": "`artmlx train`, hints in the system message, weight 0.5 (base teacher)",
+         "train-hints-demo": "`artmlx train`, hints as a demonstration (base teacher)",
+         "train-hints-demo-topk": "`artmlx train`, hints as a demonstration, top-50 KL (base teacher)",
+         "train-hints-sharp": "`artmlx train`, hints, teacher at temperature 0.5 (base teacher)",
+         "train-hints-sharp-topk": "`artmlx train`, hints top-50 KL, teacher at temperature 0.5 (base teacher)",
+         "train-hints-sharp-topk-policy": "`artmlx train`, hints top-50 KL, teacher at temperature 0.5 (policy teacher)",
+         "train-hints-sharp-topk-wrong": "`artmlx train`, hints on wrong replies only, top-50 KL, teacher at "
+                                         "temperature 0.5 (base teacher)",
+         "run": "`artmlx run` (2 actors)",
          "peer": "mlx-lm-lora `train_grpo`"}
 
 
@@ -364,7 +375,7 @@ def plot(report: dict, path: Path) -> None:
     for arm, result in report["arms"].items():
         points = result["points"]
         xs = [p["train_seconds"] / 60 for p in points]
-        ax.plot(xs, [p["eval_score"] for p in points], marker="o", label=names[arm])
+        ax.plot(xs, [p["eval_score"] for p in points], marker="o", label=names.get(arm, arm))
         ax.fill_between(xs, [p["eval_score_ci_low"] for p in points], [p["eval_score_ci_high"] for p in points],
                         alpha=0.15)
     ax.axhline(report["target"], color="grey", linestyle=":", linewidth=1)
