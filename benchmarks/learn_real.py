@@ -381,11 +381,12 @@ def plot(report: dict, path: Path) -> None:
     ax.axhline(report["target"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("minutes of training (evaluation and loading excluded)")
     ax.set_ylabel("held-out accuracy (sampled, temperature 1)")
-    ax.set_title(f"{report['recipe_fields'].get('model')} on {report['recipe_fields'].get('env')}: {report['blas']}",
-                 fontsize=9)
+    blas = report["blas"].split(" (")[0]  # "OpenBLAS", without the library's path
+    ax.set_title(f"{report['recipe_fields'].get('model')} on {report['recipe_fields'].get('env')}, "
+                 f"{report['cpu_count']} CPU cores, {blas}", fontsize=9)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right", fontsize=7)  # the curves rise to the upper left
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
