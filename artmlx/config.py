@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .hints import HINT_FORMS
+
 
 @dataclass
 class TrainConfig:
@@ -201,7 +203,7 @@ CHOICES = {
     "grad_checkpoint": ("auto", "on", "off"),
     "hint_teacher": ("base", "policy"),
     "hint_baseline": ("none", "episode"),
-    "hint_form": ("instruction", "system", "demonstration"),
+    "hint_form": HINT_FORMS,
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",

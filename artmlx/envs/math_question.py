@@ -26,7 +26,8 @@ class MathQuestion:
     outcomes = OUTCOMES
 
     def __init__(self, min_operand: int = 0, max_operand: int = 20, operators: str = "+",
-                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1, hints: bool = False, hint_on: str = "every"):
+                 instruction: str = INSTRUCTION, system: str = "", format_reward: float = 0.1, hints: bool = False,
+                 hint_on: str = "every"):
         if not 0 <= min_operand <= max_operand:
             raise ValueError(f"math needs 0 <= min_operand <= max_operand, got {min_operand} and {max_operand}")
         if not operators or set(operators) - set(_SYMBOLS):

@@ -126,9 +126,10 @@ class GRPOTrainer:
         metrics["hint_tokens"] = topk_mask.sum()
         return loss, metrics
 
-    def policy_logprobs(self, batch: MicroBatch) -> mx.array:
-        """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient)."""
-        return policy_logprobs(self.parts, self.config.temperature, *batch.arrays())
+    def policy_logprobs(self, batch: MicroBatch, temperature: float = 0.0) -> mx.array:
+        """Current policy's logprobs (B, T) of the targets at policy positions, 0 elsewhere (no gradient), at
+        `temperature` (0: the sampler's)."""
+        return policy_logprobs(self.parts, temperature or self.config.temperature, *batch.arrays())
 
     def checkpoints(self, episodes: list[Episode]) -> bool:
         """Whether this update's layers are checkpointed (`grad_checkpoint`; "auto" asks the memory plan)."""
@@ -186,7 +187,7 @@ class GRPOTrainer:
                     logp, ids, values = teacher_topk(self.parts, temperature, k_top, *batch.arrays())
                     logp, ids, values = np.array(logp), np.array(ids), np.array(values)
                 else:
-                    logp = np.array(policy_logprobs(self.parts, temperature, *batch.arrays()))
+                    logp = np.array(self.policy_logprobs(batch, temperature))
                 mask, at = np.array(batch.mask) > 0, 0
                 for row, k in enumerate(batch.episodes):
                     here = int(mask[row].sum())
