@@ -122,6 +122,9 @@ class TrainConfig:
     top-K variant, after SDFT/SDPO), weighted by `hint_weight`; at most 256."""
     reward_weight: float = 1.0
     """Weight of GRPO's reward advantage beside the hint's; 1 with no hints leaves GRPO as it is."""
+    hint_group_reward_below: float = 0.0
+    """0: every hint counts. r > 0: only the hints of groups whose mean reward is below r; a group the policy
+    already mostly gets right learns from its rewards alone (and is not pulled back toward a weaker teacher)."""
     minibatches: int = 1
     """Optimizer steps per batch of rollouts; above 1, later steps are off-policy and clipping matters."""
     max_batch_tokens: int = 0
@@ -209,7 +212,8 @@ POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_rep
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
-                "eval_every", "lora_dropout", "hint_weight", "hint_temperature", "reward_weight", "hint_topk")
+                "eval_every", "lora_dropout", "hint_weight", "hint_temperature", "reward_weight", "hint_topk",
+                "hint_group_reward_below")
 MAX_HINT_TOPK = 256  # the teacher's top-K ids and logprobs travel with every policy token of a micro-batch
 
 

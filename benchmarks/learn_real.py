@@ -59,7 +59,9 @@ HINT_ARMS = {"train-hints": {}, "train-hints-policy": {"hint_teacher": "policy"}
              "train-hints-sharp-topk": {"hint_temperature": 0.5, "hint_topk": 50},
              "train-hints-sharp-topk-policy": {"hint_temperature": 0.5, "hint_topk": 50, "hint_teacher": "policy"},
              "train-hints-sharp-topk-wrong": {"hint_temperature": 0.5, "hint_topk": 50,
-                                              "env_args": {"hint_on": "wrong"}}}
+                                              "env_args": {"hint_on": "wrong"}},
+             "train-hints-sharp-topk-gated": {"hint_temperature": 0.5, "hint_topk": 50,
+                                              "hint_group_reward_below": 0.5}}
 
 def artmlx_command() -> list[str]:
     return [str(Path(sys.executable).with_name("artmlx"))]

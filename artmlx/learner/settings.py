@@ -35,6 +35,7 @@ class TrainerSettings:
     hint_baseline: str  # "none" or "episode" (`distill.token_advantages`)
     hint_topk: int  # 0: the token-level teacher advantage; K: the top-K reverse KL (`distill.topk_reverse_kl`)
     reward_weight: float
+    hint_group_reward_below: float  # 0: every group's hints; r > 0: only groups whose mean reward is below r
 
     @classmethod
     def of(cls, config) -> "TrainerSettings":

@@ -226,10 +226,13 @@ class GRPOTrainer:
             advantages = [np.array(a)[0] for a, _ in rows]
             zero_variance = np.array([bool(np.array(z)[0]) for _, z in rows])
             rewards = np.concatenate([g.rewards for g in groups])
-        episodes, episode_advantages, members = [], [], []
+        hinted = [self.hints_count(group) for group in groups]
+        episodes, episode_advantages, members, hint_groups = [], [], [], []
         for g, group in enumerate(groups):
-            if zero_variance[g] and not group.hinted:  # a flat group with hints still trains through them
+            if zero_variance[g] and not hinted[g]:  # a flat group with hints still trains through them
                 continue
+            if hinted[g]:
+                hint_groups.append(len(members))
             members.append(list(range(len(episodes), len(episodes) + len(group.episodes))))
             episodes += group.episodes
             episode_advantages += advantages[g].tolist()
@@ -239,18 +242,27 @@ class GRPOTrainer:
             "reward_mean": float(np.asarray(rewards).mean()),
             "reward_std": float(np.asarray(rewards).std()),
         }
-        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g] and not group.hinted)
+        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g] and not hinted[g])
         data = _StepData(episodes, np.asarray(episode_advantages, np.float32), members, skipped)
-        stats.update(self._hint_advantages(data))
+        stats.update(self._hint_advantages(data, [members[g] for g in hint_groups]))
+        if any(group.hinted for group in groups) and self.config.hint_group_reward_below:
+            stats["hint_groups_frac"] = sum(hinted) / len(groups)
         return data, stats
 
-    def _hint_advantages(self, data: _StepData) -> dict:
-        """The teacher pass and the hinted episodes' per-token advantages; its metrics (none without hints)."""
-        if not any(e.teacher_prompt is not None for e in data.episodes):
+    def hints_count(self, group: Group) -> bool:
+        """Whether the group's hints train this update: it has one, and its mean reward is below
+        `hint_group_reward_below` where that is set."""
+        below = self.config.hint_group_reward_below
+        return group.hinted and (not below or float(group.rewards.mean()) < below)
+
+    def _hint_advantages(self, data: _StepData, hint_groups: list[list[int]]) -> dict:
+        """The teacher pass over `hint_groups` (indices into `data.episodes`) and their hinted episodes'
+        per-token advantages; its metrics (none without hints)."""
+        if not any(data.episodes[i].teacher_prompt is not None for members in hint_groups for i in members):
             return {}
         config = self.config
         started = time.perf_counter()
-        teacher = self.teacher_pass(data.episodes, data.groups)
+        teacher = self.teacher_pass(data.episodes, hint_groups)
         teacher_seconds = time.perf_counter() - started
         data.token_advantages, data.teacher_topk, gaps = {}, {}, []
         for i, (logp, top) in teacher.items():

@@ -243,6 +243,31 @@ def test_a_flat_group_with_hints_trains_and_one_without_does_not():
     assert metrics["episodes_trained"] == 0 and "hinted_token_frac" not in metrics
 
 
+def test_hints_count_only_in_groups_whose_mean_reward_is_below_the_gate():
+    """`hint_group_reward_below`: a group the policy mostly gets right trains on its rewards alone (its teacher
+    is never run); a group below the gate, and a flat one, trains through its hints as before."""
+    model, _, groups = hinted_groups(seeds=(3, 4, 5))
+    rewards = ([1.0, 1.0, 1.0, 0.1], [1.0, 0.1, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1])  # means 0.775, 0.3, 0.1 (flat)
+    for group, values in zip(groups, rewards):
+        for episode, reward in zip(group.episodes, values):
+            episode.reward = reward
+    trainer = GRPOTrainer(model, settings(hint_group_reward_below=0.5))
+    assert [trainer.hints_count(g) for g in groups] == [False, True, True]
+    data, stats = trainer.prepare(groups)
+    assert data.groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # the flat group stays: it is hinted
+    assert sorted(data.token_advantages) == list(range(4, 12))  # no teacher for the first group
+    hinted_tokens = sum(e.policy_tokens for g in groups[1:] for e in g.episodes)
+    assert stats["hinted_token_frac"] == hinted_tokens / sum(g.policy_tokens for g in groups)
+    assert stats["hint_groups_frac"] == 2 / 3
+    for episode in groups[2].episodes:
+        episode.reward = 1.0  # flat and right: above the gate, nothing to learn
+    data, _ = GRPOTrainer(model, settings(hint_group_reward_below=0.5)).prepare(groups)
+    assert data.groups == [[0, 1, 2, 3], [4, 5, 6, 7]] and data.skipped_episodes == 4
+    assert [GRPOTrainer(model, settings()).hints_count(g) for g in groups] == [True, True, True]  # 0: no gate
+    with pytest.raises(ValueError, match="hint_group_reward_below"):
+        validate(TrainConfig(hint_group_reward_below=-1.0))
+
+
 def test_dynamic_sampling_keeps_flat_groups_that_carry_hints():
     hinted = Group(0, [Episode([1, 2], [False, True], [0, -1], reward=0.0, teacher_prompt=[1])] * 2, 0)
     flat = Group(1, [Episode([1, 2], [False, True], [0, -1], reward=0.0)] * 2, 0)
