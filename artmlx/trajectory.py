@@ -79,7 +79,16 @@ class Group:
     @property
     def has_signal(self) -> bool:
         """Worth an update: rewards that differ, or a hint (what dynamic sampling keeps)."""
-        return not self.flat or self.hinted
+        return self.carries_signal()
+
+    def hints_count(self, reward_below: float = 0.0) -> bool:
+        """Its hints train: some episode carries one and, where `reward_below` > 0 (`hint_group_reward_below`),
+        the group's mean reward is below it."""
+        return self.hinted and (not reward_below or float(self.rewards.mean()) < reward_below)
+
+    def carries_signal(self, hint_reward_below: float = 0.0) -> bool:
+        """`has_signal` under `hint_group_reward_below`: a flat group trains only if its hints count."""
+        return not self.flat or self.hints_count(hint_reward_below)
 
     @property
     def tokens(self) -> int:

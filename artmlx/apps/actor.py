@@ -137,7 +137,8 @@ class ActorService:
             for group in rollouts.play(seeds, config.group_size, key, version):
                 played += 1
                 policy_tokens += group.policy_tokens
-                if skip_flat(group.has_signal, flat_in_a_row, config.dynamic_sampling_rounds):
+                signal = group.carries_signal(config.hint_group_reward_below)
+                if skip_flat(signal, flat_in_a_row, config.dynamic_sampling_rounds):
                     flat_skipped += 1  # dynamic sampling: no gradient in it; the next batch plays new tasks
                     flat_in_a_row += 1
                     continue

@@ -167,7 +167,7 @@ def _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_
         lambda sampling_round, count: engine.play(
             train_seeds(config.seed, step, count, sampling_round), config.group_size,
             step_key(config.seed, step, sampling_round), trainer.policy_version),
-        config.groups_per_step, config.dynamic_sampling_rounds)
+        config.groups_per_step, config.dynamic_sampling_rounds, config.hint_group_reward_below)
     t1 = time.perf_counter()
     stats = trainer.train_step(groups)
     t2 = time.perf_counter()

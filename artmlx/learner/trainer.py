@@ -252,8 +252,7 @@ class GRPOTrainer:
     def hints_count(self, group: Group) -> bool:
         """Whether the group's hints train this update: it has one, and its mean reward is below
         `hint_group_reward_below` where that is set."""
-        below = self.config.hint_group_reward_below
-        return group.hinted and (not below or float(group.rewards.mean()) < below)
+        return group.hints_count(self.config.hint_group_reward_below)
 
     def _hint_advantages(self, data: _StepData, hint_groups: list[list[int]]) -> dict:
         """The teacher pass over `hint_groups` (indices into `data.episodes`) and their hinted episodes'

@@ -10,7 +10,8 @@ sampling new tasks until the batch holds `wanted` groups with signal:
   the same update);
 - each further round plays new seeds, as many as the missing groups divided by the share of groups
   with signal seen so far (at most `wanted`), until the batch is full or `extra_rounds` are spent;
-- a flat group whose episodes carry directive hints has signal (it trains through its hinted tokens);
+- a flat group whose episodes carry directive hints has signal (it trains through its hinted tokens), unless
+  `hint_group_reward_below` leaves its hints out;
 - every group with signal is kept (a last round may bring a few more than `wanted`): nothing that
   carries a gradient is thrown away. Flat groups are counted, not trained.
 
@@ -30,15 +31,16 @@ from ..trajectory import Group
 
 
 def sample_with_signal(play_round: Callable[[int, int], list[Group]], wanted: int,
-                       extra_rounds: int) -> tuple[list[Group], dict]:
-    """`play_round(round, count)` plays `count` new groups; returns the groups with signal and counts for
+                       extra_rounds: int, hint_reward_below: float = 0.0) -> tuple[list[Group], dict]:
+    """`play_round(round, count)` plays `count` new groups; returns the groups with signal (hinted flat groups
+    only where their hints count under `hint_reward_below`, `Group.carries_signal`) and counts for
     the update's metrics row. `extra_rounds` 0 is dynamic sampling off: round 0's groups as they are. If
     no group has signal after every round, the last round's groups are returned (the trainer counts them
     as flat and makes no optimizer step)."""
     groups = play_round(0, wanted)
     if extra_rounds <= 0 or not groups:  # off, or abandoned (an actor's tick)
         return groups, {}
-    kept = [group for group in groups if group.has_signal]
+    kept = [group for group in groups if group.carries_signal(hint_reward_below)]
     played, rounds = len(groups), 1
     while len(kept) < wanted and rounds <= extra_rounds:
         missing = wanted - len(kept)
@@ -48,7 +50,7 @@ def sample_with_signal(play_round: Callable[[int, int], list[Group]], wanted: in
             return [], {}
         rounds += 1
         played += len(groups)
-        kept += [group for group in groups if group.has_signal]
+        kept += [group for group in groups if group.carries_signal(hint_reward_below)]
     counts = {"groups_sampled": played, "groups_flat_skipped": played - len(kept), "sampling_rounds": rounds}
     return (kept or groups), counts
 

@@ -274,6 +274,11 @@ def test_dynamic_sampling_keeps_flat_groups_that_carry_hints():
     assert hinted.flat and hinted.has_signal and not flat.has_signal
     groups, counts = sample_with_signal(lambda r, n: [hinted if r == 0 else flat] * n, 2, extra_rounds=2)
     assert groups == [hinted, hinted] and counts["groups_flat_skipped"] == 0
+    right = Group(2, [Episode([1, 2], [False, True], [0, -1], reward=1.0, teacher_prompt=[1])] * 2, 0)
+    assert right.has_signal and not right.carries_signal(0.5) and hinted.carries_signal(0.5)  # the gate's view
+    groups, counts = sample_with_signal(lambda r, n: [right if r == 0 else hinted] * n, 2, extra_rounds=2,
+                                        hint_reward_below=0.5)
+    assert groups == [hinted, hinted] and counts["groups_flat_skipped"] == 2  # the all-right group is replaced
 
 
 @pytest.mark.slow
