@@ -227,13 +227,14 @@ class GRPOTrainer:
             zero_variance = np.array([bool(np.array(z)[0]) for _, z in rows])
             rewards = np.concatenate([g.rewards for g in groups])
         hinted = [self.hints_count(group) for group in groups]
-        episodes, episode_advantages, members, hint_groups = [], [], [], []
+        episodes, episode_advantages, members, hint_members, skipped = [], [], [], [], 0
         for g, group in enumerate(groups):
             if zero_variance[g] and not hinted[g]:  # a flat group with hints still trains through them
+                skipped += len(group.episodes)
                 continue
-            if hinted[g]:
-                hint_groups.append(len(members))
             members.append(list(range(len(episodes), len(episodes) + len(group.episodes))))
+            if hinted[g]:
+                hint_members.append(members[-1])
             episodes += group.episodes
             episode_advantages += advantages[g].tolist()
         stats = {
@@ -242,9 +243,8 @@ class GRPOTrainer:
             "reward_mean": float(np.asarray(rewards).mean()),
             "reward_std": float(np.asarray(rewards).std()),
         }
-        skipped = sum(len(group.episodes) for g, group in enumerate(groups) if zero_variance[g] and not hinted[g])
         data = _StepData(episodes, np.asarray(episode_advantages, np.float32), members, skipped)
-        stats.update(self._hint_advantages(data, [members[g] for g in hint_groups]))
+        stats.update(self._hint_advantages(data, hint_members))
         if any(group.hinted for group in groups) and self.config.hint_group_reward_below:
             stats["hint_groups_frac"] = sum(hinted) / len(groups)
         return data, stats
@@ -257,7 +257,7 @@ class GRPOTrainer:
     def _hint_advantages(self, data: _StepData, hint_groups: list[list[int]]) -> dict:
         """The teacher pass over `hint_groups` (indices into `data.episodes`) and their hinted episodes'
         per-token advantages; its metrics (none without hints)."""
-        if not any(data.episodes[i].teacher_prompt is not None for members in hint_groups for i in members):
+        if not hint_groups:
             return {}
         config = self.config
         started = time.perf_counter()
