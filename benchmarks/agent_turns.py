@@ -29,6 +29,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     model = args.model or small_synth()
-    report = {"command": " ".join(sys.argv), "model": model,
+    report = {"command": shlex.join(sys.argv), "model": model,
               "workload": {k: os.environ.get(k) for k in ("SYNTHETIC_PROMPT_TOKENS", "SYNTHETIC_TURNS",
                                                           "SYNTHETIC_USER_TOKENS", "SYNTHETIC_MAX_TOKENS")},
               "turns": None if args.pipeline_only else play(model, args.groups, args.group_size, args.rows,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def main() -> None:
     for result in results:
         print(("chaos" if result["chaos"] else "clean") + ":", json.dumps(result))
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "runs": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"command": shlex.join(sys.argv), "runs": results}, indent=1))
 
 
 if __name__ == "__main__":

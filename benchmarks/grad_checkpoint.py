@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -92,7 +93,7 @@ def main() -> None:
         from artmlx.bench.models import bench_model
         args.model = bench_model(args.arch)
     model = args.model or default_model()
-    report = {"command": " ".join(sys.argv), "model": model, "device": str(mx.default_device())}
+    report = {"command": shlex.join(sys.argv), "model": model, "device": str(mx.default_device())}
     for setting in args.settings.split(","):
         report[setting] = measure(model, setting, args)
         print(setting, report[setting], flush=True)

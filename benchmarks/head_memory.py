@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def main() -> None:
         mx.random.normal((args.vocab, args.hidden), key=key) * 0.02, 64, 4)
     mx.eval(embedding.parameters())
     rows = head_chunk_rows(args.vocab)
-    report = {"command": "python " + " ".join(sys.argv), "device": str(mx.default_device()),
+    report = {"command": shlex.join(["python", *sys.argv]), "device": str(mx.default_device()),
               "machine": platform.machine(), "vocab": args.vocab, "hidden": args.hidden, "chunk_rows": rows,
               "results": []}
     for tokens in args.tokens:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,7 @@ def main() -> None:
     report = {"model": args.model, "env": args.env, "env_args": env_args, "hint": "The answer is N.", "episodes": args.episodes,
               "max_reply_tokens": args.max_reply_tokens, "blas": blas_description(), "cpu_count": os.cpu_count(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=Path(__file__).parent).stdout.strip() or None, "command": " ".join(["python", "benchmarks/hint_teacher.py", *sys.argv[1:]]), "cells": cells}
+                                       cwd=Path(__file__).parent).stdout.strip() or None, "command": shlex.join(["python", "benchmarks/hint_teacher.py", *sys.argv[1:]]), "cells": cells}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
 

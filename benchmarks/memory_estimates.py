@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def main() -> None:
               f"{facts['needed_gb_for_one_episode_checkpointed']:6.2f} GB "
               f"({'fits' if facts['fits_checkpointed'] else 'no'})", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "budget_gb": args.budget_gb,
+        Path(args.json).write_text(json.dumps({"command": shlex.join(sys.argv), "budget_gb": args.budget_gb,
                                                "episode_tokens": args.episode_tokens, "estimates": rows}, indent=1))
 
 

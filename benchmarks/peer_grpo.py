@@ -33,6 +33,7 @@ import gc
 import hashlib
 import json
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -198,7 +199,7 @@ def main() -> None:
     only = set(args.only or METHODS)
     workload = {"G": GROUP_SIZE, "groups": args.groups, "prompt_words": args.prompt, "reply_tokens": args.reply,
                 "steps": args.steps}
-    report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "model": args.model,
+    report = {"date": time.strftime("%Y-%m-%d"), "command": shlex.join(sys.argv), "model": args.model,
               "machine": platform.platform(), "blas": blas_description(), "workload": workload,
               "peer_float32": args.peer_float32, "methods": {}}
     with tempfile.TemporaryDirectory() as scratch:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -97,7 +98,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "device": str(mx.default_device()),
+    report = {"date": time.strftime("%Y-%m-%d"), "command": shlex.join(sys.argv), "device": str(mx.default_device()),
               "one_layer": {str(n): one_layer(n) for n in map(int, args.steps.split(","))},
               "model_step": ({"layers": args.layers, "tokens": args.tokens, **model_step(args.layers, args.tokens)}
                              if args.layers else None)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def main() -> None:
     started = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         results = list(pool.map(lambda job: launch(*job, args.out, overrides), jobs))
-    report = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "settings": args.settings,
+    report = {"command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "settings": args.settings,
               "seeds": args.seeds, "parallel": args.parallel, "cpu_count": os.cpu_count(),
               "wall_s": round(time.perf_counter() - started, 1),
               "summary": {c: summary([r for r in results if r["command"] == c]) for c in commands},
