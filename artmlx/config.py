@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .hints import HINT_FORMS
+from .learner.schedule import SCHEDULES
 
 
 @dataclass
@@ -78,7 +79,11 @@ class TrainConfig:
     """Agent rollouts: decode steps the actor's in-process server queues between two host reads of the sampled tokens (`artmlx serve --decode-chunk`; vLLM's multi-step scheduling); 0: 8, or 1 for a model with recurrent layers."""
 
     learning_rate: float = 1e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak, with a schedule)."""
+    lr_schedule: str = "constant"
+    """Learning rate over the run's `steps` updates: `constant`, or after the warm-up a `linear` or `cosine` decay toward 0 (Transformers' and TRL's shapes; each row reports its `learning_rate`)."""
+    warmup_steps: int = 0
+    """Updates at the start whose learning rate rises linearly to `learning_rate` (update k of them at k / (warmup_steps + 1) of it)."""
     adam_betas: list = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
     weight_decay: float = 0.0
@@ -207,13 +212,14 @@ CHOICES = {
     "hint_teacher": ("base", "policy"),
     "hint_baseline": ("none", "episode"),
     "hint_form": HINT_FORMS,
+    "lr_schedule": SCHEDULES,
 }
 POSITIVE = ("actor_timeout_s", "steps", "lora_rank", "groups_per_step", "max_reply_tokens", "max_turns", "max_episode_tokens",
             "learning_rate", "minibatches", "pad_multiple", "eval_episodes",
             "checkpoint_every", "keep_checkpoints", "constant_length")
 NON_NEGATIVE = ("dynamic_sampling_rounds", "decode_chunk", "rollout_failure_limit", "actor_groups_per_batch", "max_batch_tokens", "memory_budget_gb", "actor_niceness", "max_in_flight", "max_staleness", "temperature", "weight_decay", "max_grad_norm", "eps_low", "eps_high", "kl_coef",
                 "eval_every", "lora_dropout", "hint_weight", "hint_temperature", "reward_weight", "hint_topk",
-                "hint_group_reward_below")
+                "hint_group_reward_below", "warmup_steps")
 MAX_HINT_TOPK = 256  # the teacher's top-K ids and logprobs travel with every policy token of a micro-batch
 
 
@@ -252,6 +258,9 @@ def validate(config: TrainConfig) -> TrainConfig:
     if config.hint_topk and config.hint_baseline != "none":
         raise ValueError("hint_baseline = \"episode\" centres the token-level teacher advantage, which hint_topk > 0 "
                          "replaces by a top-K reverse KL: use one of them")
+    if config.warmup_steps >= config.steps:
+        raise ValueError(f"config field 'warmup_steps' ({config.warmup_steps}) must be less than steps "
+                         f"({config.steps}): the warm-up would never reach learning_rate")
     if config.eps_low >= 1:
         raise ValueError(f"config field 'eps_low' must be < 1, got {config.eps_low}")
     if not 0 <= config.lora_dropout < 1:

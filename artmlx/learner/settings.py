@@ -19,7 +19,10 @@ class TrainerSettings:
     normalization: str
     constant_length: int
     scale_advantages: bool
-    learning_rate: float
+    learning_rate: float  # the peak of the schedule
+    lr_schedule: str  # "constant", "linear" or "cosine" (`schedule.py`)
+    warmup_steps: int
+    steps: int  # the run's updates: where a decaying schedule ends
     adam_betas: tuple[float, float]
     weight_decay: float
     max_grad_norm: float

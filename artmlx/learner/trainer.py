@@ -35,6 +35,7 @@ from .data_parallel import shard_groups, sum_across, sum_scalars, zeros_like_tre
 from .distill import token_advantages, topk_reverse_kl
 from .forward import policy_logprobs, teacher_topk
 from .grpo import LossSettings, group_advantages, policy_loss, token_weights
+from .schedule import learning_rate_at
 from .settings import TrainerSettings
 
 log = logging.getLogger("artmlx.learner")
@@ -287,6 +288,10 @@ class GRPOTrainer:
         """One batch of groups -> `minibatches` optimizer steps. Returns metrics."""
         data, stats = self.prepare(groups)
         self.step += 1
+        config = self.config
+        learning_rate = learning_rate_at(self.step, config.steps, config.learning_rate, config.lr_schedule,
+                                         config.warmup_steps)
+        self.optimizer.learning_rate = learning_rate
         totals = {"tokens": 0.0, "ratio_sum": 0.0, "ratio_max": 0.0, "clipped_sum": 0.0,
                   "mismatch_kl_sum": 0.0, "abs_logratio_sum": 0.0, "kl_base_sum": 0.0, "loss": 0.0}
         if self.config.hint_topk:
@@ -323,6 +328,7 @@ class GRPOTrainer:
             "abs_logratio_mean": totals["abs_logratio_sum"] / tokens,
             "kl_base": totals["kl_base_sum"] / tokens,
             "updates_skipped_nonfinite": skipped,
+            "learning_rate": learning_rate,
             **({"hint_topk_kl": totals["hint_kl_sum"] / max(totals["hint_tokens"], 1.0)} if self.config.hint_topk else {}),
             "grad_checkpointed": bool(totals.get("checkpointed", False)),
         }

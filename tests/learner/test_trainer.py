@@ -77,10 +77,12 @@ def test_saved_adapters_load_in_mlx_lm(tmp_path):
 
 @pytest.mark.slow
 def test_resume_gives_the_same_next_step(tmp_path):
+    """Also with a learning-rate schedule: it is a function of the update's number, so the resumed run's third
+    update takes the straight run's rate."""
     from artmlx.apps.train import train
 
     common = {"steps": 3, "groups_per_step": 4, "group_size": 4, "eval_every": 0, "checkpoint_every": 2,
-              "learning_rate": 1e-3, "seed": 3}
+              "learning_rate": 1e-3, "seed": 3, "lr_schedule": "cosine", "warmup_steps": 1}
     straight = train(load_config(None, {**common, "out": str(tmp_path / "straight")}), echo=False)
     partial = train(load_config(None, {**common, "steps": 2, "out": str(tmp_path / "resumed")}), echo=False)
     resumed = train(load_config(None, {**common, "out": str(partial)}), resume=True, echo=False)
@@ -95,6 +97,8 @@ def test_resume_gives_the_same_next_step(tmp_path):
     assert steps == [1, 2, 3]
     rewards = lambda d: [r["reward_mean"] for r in read_metrics(d) if "reward_mean" in r]  # noqa: E731
     assert rewards(straight) == rewards(resumed)
+    rates = [r["learning_rate"] for r in read_metrics(resumed) if "reward_mean" in r]
+    assert rates == pytest.approx([5e-4, 1e-3, 5e-4])  # half the peak warming up, the peak, cosine's midpoint
 
 
 @pytest.mark.parametrize(
