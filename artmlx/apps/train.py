@@ -141,6 +141,8 @@ def _train(config, resume, echo, run_dir, spec, model, trainable, plan, engine, 
             while trainer.step < config.steps and stop.reason is None:
                 saved_step = _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_eval,
                                      saved_step)
+                if config.rollout and echo:
+                    _report_failures(engine.failures)
             if stop.reason is not None and trainer.step > saved_step:
                 save_run_state(run_dir, trainer, spec, config.model,
                                {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
@@ -192,6 +194,16 @@ def _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_
     return saved_step
 
 
+def _report_failures(failures) -> None:
+    """An agent's failed rollouts as an actor reports them: each kind once with its traceback, then a count of
+    its repeats per update, never a line per failure."""
+    for first in failures.firsts():
+        print(f"group dropped: {first}", flush=True)
+    repeats = failures.repeats()
+    if repeats:
+        print(f"rollout failures repeated in this update: {'; '.join(repeats)}", flush=True)
+
+
 def _count_outcomes(groups, outcomes) -> dict:
     counts = {name: 0 for name in outcomes}
     for group in groups:
@@ -204,7 +216,7 @@ def _count_outcomes(groups, outcomes) -> dict:
 
 def _memory_line(plan, engine) -> str:
     """Budget, weights and the rows per batch the budget gives, for the run's first line."""
-    if not hasattr(engine, "sampling"):  # agents: a server of the policy with its own copy of the base
+    if not isinstance(engine, EpisodeRollouts):  # agents: a server of the policy with its own copy of the base
         return (f"budget {plan.describe(1)['budget_gb']} GB; agents play on an in-process server of the policy "
                 f"(a second copy of the base, {engine.max_rows} requests at once)")
     facts = plan.describe(engine.sampling.slots_per_row)

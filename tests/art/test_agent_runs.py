@@ -41,6 +41,19 @@ async def rollout(client, scenario):
     return await client.openai_client()  # ART's call, but this signature gets the openai client
 '''
 
+SOMETIMES_FAILING_AGENT = '''
+import sys
+
+sys.path.insert(0, {root!r})
+from examples.tictactoe_rollout import rollout as play
+
+
+async def rollout(client, scenario):
+    if scenario["seed"] % 3 == 0:
+        raise LookupError(f"no board for scenario {{scenario['seed'] % 3}}")
+    return await play(client, scenario)
+'''
+
 
 def artmlx(*args, cwd=None, timeout=600):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -109,6 +122,20 @@ def test_train_stops_on_an_agent_that_always_fails_with_one_message(tmp_path):
     assert output.count("rollout_failure_limit = 8); stopping.") == 1
     assert "AttributeError: 'AsyncOpenAI' object has no attribute 'openai_client'" in output
     assert "terminate called" not in output
+
+
+@pytest.mark.slow
+def test_train_reports_an_agents_failures_once_with_the_traceback_then_as_counts(tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(SOMETIMES_FAILING_AGENT.format(root=str(ROOT)))
+    result = artmlx("train", "--out", str(tmp_path / "run"), "--steps", "2", "--rollout", f"{agent}:rollout",
+                    "--set", "eval_every=0", "--set", "groups_per_step=4", "--set", "group_size=4", timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]  # a third of the groups dropped, the rest train
+    assert output.count("group dropped: rollout failed on scenario") == 1, output[-4000:]
+    assert output.count("LookupError: no board for scenario 0") >= 1 and 'agent.py", line 10' in output
+    assert "rollout failures repeated in this update: LookupError: no board for scenario 0 (x" in output
+    assert [r["step"] for r in train_rows(tmp_path / "run")] == [1, 2]
 
 
 @pytest.mark.slow
