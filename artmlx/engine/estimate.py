@@ -169,8 +169,17 @@ def estimate_for(config) -> dict:
     """`estimate` for a run's TrainConfig, in its memory budget."""
     from .memory import resolve_budget
 
-    return estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
-                    config.max_reply_tokens, config.group_size, grad_checkpoint=config.grad_checkpoint)
+    budget = resolve_budget(config.memory_budget_gb)
+    facts = estimate(config.model, budget, config.max_episode_tokens, config.max_reply_tokens, config.group_size,
+                     grad_checkpoint=config.grad_checkpoint)
+    if config.rollout:  # `train --rollout`: agents play on an in-process server with its own copy of the base
+        facts["agent_server_weights_gb"] = facts["weights_gb"]
+        for suffix in ("", "_checkpointed"):
+            facts[f"needed_gb_for_one_episode{suffix}"] = round(facts[f"needed_gb_for_one_episode{suffix}"]
+                                                                + facts["weights_gb"], 2)
+            facts[f"fits{suffix or '_plain'}"] = facts[f"needed_gb_for_one_episode{suffix}"] * GB <= budget
+        facts["fits"] = facts["fits_checkpointed"] if facts["grad_checkpoint"] else facts["fits_plain"]
+    return facts
 
 
 def estimate_lines(facts: dict, config) -> list[str]:
@@ -183,6 +192,9 @@ def estimate_lines(facts: dict, config) -> list[str]:
              f"  rollouts: {facts['kv_mb_per_row']} MB of KV cache per row at max_episode_tokens={length}; "
              f"{facts['rows_per_batch']} rows per batch ({facts['groups_per_batch']} groups of {config.group_size}); "
              f"prefill {facts['prefill_tokens_per_forward']} tokens per forward"]
+    if "agent_server_weights_gb" in facts:
+        lines.append(f"  agents play on an in-process server of the policy: a second copy of the base, "
+                     f"{facts['agent_server_weights_gb']} GB, counted below")
     for suffix, name in (("", "plain"), ("_checkpointed", "with per-layer gradient checkpointing")):
         lines.append(f"  learner, {name}: {facts['train_mb_per_token' + suffix]} MB per token; one {length}-token "
                      f"episode needs {facts['needed_gb_for_one_episode' + suffix]} GB with the weights; "

@@ -166,6 +166,13 @@ def test_dry_run_says_whether_an_episode_fits_and_refuses_unsupported_families(f
     assert roomy.returncode == 0, roomy.stderr
     facts = json.loads(roomy.stdout.strip().splitlines()[-1])
     assert facts["fits"] and facts["rows_per_batch"] >= 1 and facts["episodes_per_micro_batch"] >= 1
+    # `--rollout`: the in-process server of the policy holds a second copy of the base, counted in what one needs
+    agents = dry_run("--model", str(folders["mistral3"]), "--set", "memory_budget_gb=2",
+                     "--rollout", "examples/tictactoe_rollout.py:rollout")
+    with_server = json.loads(agents.stdout.strip().splitlines()[-1])
+    assert agents.returncode == 0 and "second copy of the base" in agents.stdout
+    assert with_server["agent_server_weights_gb"] == facts["weights_gb"]  # (a tiny folder: both round to 0.0)
+    assert with_server["needed_gb_for_one_episode"] == round(facts["needed_gb_for_one_episode"] + facts["weights_gb"], 2)
     tight = dry_run("--model", str(folders["mistral3"]), "--set", "memory_budget_gb=0.001",
                     "--set", "max_episode_tokens=4096")
     assert tight.returncode == 1 and "does NOT fit" in tight.stdout
