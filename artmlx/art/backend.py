@@ -79,10 +79,11 @@ class MLXBackend:
         max_tokens a request may ask for; `kept_steps`: earlier steps' adapters kept servable."""
         self._path = str(path) if path is not None else _default_art_path()
         self.config = config if isinstance(config, TrainConfig) else load_config(None, dict(config or {}))
-        if self.config.lr_schedule != "constant" or self.config.warmup_steps:
+        if self.config.lr_schedule not in ("auto", "constant") or self.config.warmup_steps:
             raise ValueError("MLXBackend takes each step's learning rate from ART (`art.TrainConfig(learning_rate=...)` "
                              "in `model.train`), so config fields 'lr_schedule' and 'warmup_steps' are not supported "
                              "here: change the rate from step to step in your training loop")
+        self.config = replace(self.config, lr_schedule="constant")
         self.host, self.port = host, port
         self.serve_limits = {"max_rows": max_rows, "max_prompt_tokens": max_prompt_tokens, "max_tokens": max_tokens}
         self.kept_steps = kept_steps

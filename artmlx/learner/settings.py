@@ -20,7 +20,7 @@ class TrainerSettings:
     constant_length: int
     scale_advantages: bool
     learning_rate: float  # the peak of the schedule
-    lr_schedule: str  # "constant", "linear" or "cosine" (`schedule.py`)
+    lr_schedule: str  # "constant", "linear" or "cosine" (`schedule.py`); a config's "auto" arrives as "linear"
     warmup_steps: int
     steps: int  # the run's updates: where a decaying schedule ends
     adam_betas: tuple[float, float]
@@ -45,6 +45,8 @@ class TrainerSettings:
         """These fields of a `TrainConfig`."""
         values = {f.name: getattr(config, f.name) for f in fields(cls)}
         values["adam_betas"] = tuple(values["adam_betas"])
+        if values["lr_schedule"] == "auto":  # MLXBackend replaces it by "constant" (ART gives each step's rate)
+            values["lr_schedule"] = "linear"
         return cls(**values)
 
 

@@ -132,9 +132,10 @@ def test_lora_config_and_internal_config_are_mapped_or_refused(tmp_path):
             await refused.register(MLXBackend(path=str(tmp_path)))
 
     asyncio.run(main())
-    for scheduled in ({"lr_schedule": "cosine"}, {"warmup_steps": 2}):  # ART gives each step's learning rate
+    for scheduled in ({"lr_schedule": "cosine"}, {"lr_schedule": "linear"}, {"warmup_steps": 2}):
         with pytest.raises(ValueError, match="'lr_schedule' and 'warmup_steps' are not supported"):
-            MLXBackend(path=str(tmp_path), config=scheduled)
+            MLXBackend(path=str(tmp_path), config=scheduled)  # ART gives each step's learning rate
+    assert MLXBackend(path=str(tmp_path)).config.lr_schedule == "constant"  # "auto" is constant under ART
 
 
 def test_a_script_that_never_closes_its_backend_exits_cleanly(tmp_path):

@@ -35,6 +35,14 @@ def test_every_update_moves_and_the_peak_follows_the_warm_up():
     assert learning_rate_at(15, 10, 2e-4, "linear", 3) == pytest.approx(rates[-1])
 
 
+def test_auto_decays_linearly_where_artmlx_runs_the_loop():
+    from artmlx.learner.settings import TrainerSettings
+
+    config = load_config(None, {})
+    assert config.lr_schedule == "auto" and TrainerSettings.of(config).lr_schedule == "linear"
+    assert TrainerSettings.of(load_config(None, {"lr_schedule": "constant"})).lr_schedule == "constant"
+
+
 def test_bad_schedules_are_refused_by_name():
     with pytest.raises(ValueError, match="'lr_schedule' must be one of"):
         load_config(None, {"lr_schedule": "step"})
