@@ -141,8 +141,10 @@ def test_train_stops_on_sigterm_after_the_update_checkpointed_and_resumes_exactl
 
     from artmlx.learner.checkpoint import checkpoint_step, latest_checkpoint
 
+    # a constant rate: the stopped run is told 200 steps and the straight one fewer, and a decaying rate follows
+    # `steps` (a resumed scheduled run is pinned by tests/learner/test_trainer.py)
     small = ["--set", "groups_per_step=2", "--set", "group_size=4", "--set", "eval_every=0",
-             "--set", "checkpoint_every=100"]
+             "--set", "checkpoint_every=100", "--set", "lr_schedule='constant'"]
     run = tmp_path / "stopped"
     process = subprocess.Popen([sys.executable, "-m", "artmlx", "train", "--out", str(run), "--steps", "200", *small],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
