@@ -81,7 +81,7 @@ class TrainConfig:
     learning_rate: float = 1e-4
     """AdamW learning rate (the peak, with a schedule)."""
     lr_schedule: str = "auto"
-    """Learning rate over the run's `steps` updates: `constant`, or after the warm-up a `linear` or `cosine` decay toward 0 (Transformers' and TRL's shapes; each row reports its `learning_rate`); `auto`: `linear` in `artmlx train` and `run` (the embedded default ended at 0.870 or more over ten seeds, constant at 0.795 or more), constant under MLXBackend, which takes each step's rate from ART."""
+    """Learning rate over the run's `steps` updates: `constant`, or after the warm-up a `linear` or `cosine` decay toward 0 (Transformers' and TRL's shapes; each row reports its `learning_rate`); `auto`: `linear` in `artmlx train` and `run` (on the embedded default it narrowed the final scores' spread over seeds: Benchmarks, "The default run over seeds"), constant under MLXBackend, which takes each step's rate from ART."""
     warmup_steps: int = 0
     """Updates at the start whose learning rate rises linearly to `learning_rate` (update k of them at k / (warmup_steps + 1) of it)."""
     adam_betas: list = field(default_factory=lambda: [0.9, 0.999])
