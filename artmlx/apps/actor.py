@@ -160,15 +160,12 @@ class ActorService:
     def _report_failures(self, rollouts: Rollouts, final: bool = False) -> None:
         """Each kind of failed rollout once with its traceback; repeats as counts every
         `FAILURE_REPORT_S` and at the end, never a line per failure."""
-        failures = rollouts.failures
-        for first in failures.firsts():
-            self.say(f"group dropped: {first}")
         now = time.monotonic()
-        if final or now >= self.next_failure_report:
+        due = final or now >= self.next_failure_report
+        if due:
             self.next_failure_report = now + FAILURE_REPORT_S
-            repeats = failures.repeats()
-            if repeats:
-                self.say(f"rollout failures repeated since the last report: {'; '.join(repeats)}")
+        for line in rollouts.failures.report("since the last report" if due else ""):
+            self.say(line)
 
     def _tick(self) -> bool:
         """Called while a batch plays: read the socket (heartbeats, acks, a shutdown); True stops the batch."""

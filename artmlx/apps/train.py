@@ -141,8 +141,9 @@ def _train(config, resume, echo, run_dir, spec, model, trainable, plan, engine, 
             while trainer.step < config.steps and stop.reason is None:
                 saved_step = _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_eval,
                                      saved_step)
-                if config.rollout and echo:
-                    _report_failures(engine.failures)
+                if config.rollout and echo:  # as an actor reports them: each kind once, then counts
+                    for line in engine.failures.report("in this update"):
+                        print(line, flush=True)
             if stop.reason is not None and trainer.step > saved_step:
                 save_run_state(run_dir, trainer, spec, config.model,
                                {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
@@ -192,16 +193,6 @@ def _update(config, engine, trainer, log, started, spec, run_dir, outcomes, run_
                        {"time": time.perf_counter() - started, "seed": config.seed}, config.keep_checkpoints)
         saved_step = trainer.step
     return saved_step
-
-
-def _report_failures(failures) -> None:
-    """An agent's failed rollouts as an actor reports them: each kind once with its traceback, then a count of
-    its repeats per update, never a line per failure."""
-    for first in failures.firsts():
-        print(f"group dropped: {first}", flush=True)
-    repeats = failures.repeats()
-    if repeats:
-        print(f"rollout failures repeated in this update: {'; '.join(repeats)}", flush=True)
 
 
 def _count_outcomes(groups, outcomes) -> dict:

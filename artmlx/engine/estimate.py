@@ -96,16 +96,17 @@ def shape_from_tensors(config: dict, tensors: dict[str, tuple[str, tuple[int, ..
 
 
 def estimate(model: str, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
-             device: str | None = None, grad_checkpoint: str = "auto") -> dict:
-    """What a run of `model` in `budget` bytes would get, and whether one episode can train at all."""
+             device: str | None = None, grad_checkpoint: str = "auto", agent_server: bool = False) -> dict:
+    """What a run of `model` in `budget` bytes would get, and whether one episode can train at all;
+    `agent_server`: `train --rollout`'s in-process server holds a second copy of the base."""
     folder = model_folder(model)
     check_family(folder)
     return {"model": str(folder), **plan_facts(shape_from_folder(folder, device), budget, max_episode_tokens,
-                                               max_reply_tokens, group_size, device, grad_checkpoint)}
+                                               max_reply_tokens, group_size, device, grad_checkpoint, agent_server)}
 
 
 def plan_facts(shape: ModelShape, budget: int, max_episode_tokens: int, max_reply_tokens: int, group_size: int,
-               device: str | None = None, grad_checkpoint: str = "auto") -> dict:
+               device: str | None = None, grad_checkpoint: str = "auto", agent_server: bool = False) -> dict:
     """The plan's sizes; the learner's with and without per-layer checkpointing (`grad_checkpoint` as the
     config's: "auto" checkpoints when a plain episode would not fit)."""
     plan = MemoryPlan(budget, shape, device or device_kind())
@@ -118,9 +119,13 @@ def plan_facts(shape: ModelShape, budget: int, max_episode_tokens: int, max_repl
              "kv_mb_per_row": round(shape.kv_bytes_per_row(slots) / 2**20, 1),
              "rows_per_batch": rows, "groups_per_batch": max(rows // group_size, 0),
              "prefill_tokens_per_forward": plan.prefill_tokens(slots)}
+    server_bytes = shape.weight_bytes if agent_server else 0
+    if agent_server:
+        facts["agent_server_weights_gb"] = facts["weights_gb"]
     for checkpointed, suffix in ((False, ""), (True, "_checkpointed")):
         per_token = shape.train_bytes_per_token(length, device=plan.device, checkpointed=checkpointed)
-        needed = shape.weight_bytes + shape.dense_copy_bytes + shape.head_workspace_bytes + per_token * length
+        needed = (shape.weight_bytes + server_bytes + shape.dense_copy_bytes + shape.head_workspace_bytes
+                  + per_token * length)
         tokens = plan.train_tokens(length, checkpointed=checkpointed)
         facts.update({f"train_mb_per_token{suffix}": round(per_token / 2**20, 2),
                       f"train_tokens_per_micro_batch{suffix}": tokens,
@@ -169,17 +174,9 @@ def estimate_for(config) -> dict:
     """`estimate` for a run's TrainConfig, in its memory budget."""
     from .memory import resolve_budget
 
-    budget = resolve_budget(config.memory_budget_gb)
-    facts = estimate(config.model, budget, config.max_episode_tokens, config.max_reply_tokens, config.group_size,
-                     grad_checkpoint=config.grad_checkpoint)
-    if config.rollout:  # `train --rollout`: agents play on an in-process server with its own copy of the base
-        facts["agent_server_weights_gb"] = facts["weights_gb"]
-        for suffix in ("", "_checkpointed"):
-            facts[f"needed_gb_for_one_episode{suffix}"] = round(facts[f"needed_gb_for_one_episode{suffix}"]
-                                                                + facts["weights_gb"], 2)
-            facts[f"fits{suffix or '_plain'}"] = facts[f"needed_gb_for_one_episode{suffix}"] * GB <= budget
-        facts["fits"] = facts["fits_checkpointed"] if facts["grad_checkpoint"] else facts["fits_plain"]
-    return facts
+    return estimate(config.model, resolve_budget(config.memory_budget_gb), config.max_episode_tokens,
+                    config.max_reply_tokens, config.group_size, grad_checkpoint=config.grad_checkpoint,
+                    agent_server=bool(config.rollout))
 
 
 def estimate_lines(facts: dict, config) -> list[str]:

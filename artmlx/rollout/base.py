@@ -80,3 +80,12 @@ class FailureLog:
         """`reason (xN)` for every reason that failed again since the last call, N being those repeats."""
         since, self._since = self._since, collections.Counter()
         return [f"{reason} (x{count:,} more; {self.counts[reason]:,} in all)" for reason, count in since.most_common()]
+
+    def report(self, repeats_since: str = "") -> list[str]:
+        """The lines to print now: each new reason's first failure with its traceback, then, when `repeats_since`
+        names the period ("since the last report"), one line counting the repeats in it."""
+        lines = [f"group dropped: {first}" for first in self.firsts()]
+        repeats = self.repeats() if repeats_since else []
+        if repeats:
+            lines.append(f"rollout failures repeated {repeats_since}: {'; '.join(repeats)}")
+        return lines
